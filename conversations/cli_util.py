@@ -1,0 +1,30 @@
+"""Shared CLI plumbing: bad input becomes one line on stderr and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+from conversations.schema import DataError
+
+EXIT_BAD_INPUT = 2
+
+
+def friendly_errors(main):
+    """Wrap a CLI main(): DataError / ConfigError / FileNotFoundError print `error: <where>: <why>` and exit 2."""
+
+    @functools.wraps(main)
+    def wrapper(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except DataError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(EXIT_BAD_INPUT)
+        except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
+            print(f"error: {e.filename or ''}: {e.strerror}", file=sys.stderr)
+            sys.exit(EXIT_BAD_INPUT)
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            sys.exit(130)
+
+    return wrapper
