@@ -1,0 +1,92 @@
+"""The Turing-distance curve: `curves.csv` (one row per held-out evaluation) and `turing_curve.png`.
+
+The rows live in the run's state (checkpointed with the gate), and the CSV is rewritten whole from them after every
+evaluation, atomically: a resumed run therefore has neither duplicate nor missing rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+from typing import Any
+
+# the first columns, in order; any other keys (each detector's td, diagnostics) follow sorted
+FIRST = ["step", "td", "td_ci_low", "td_ci_high", "signed", "auc", "paired_accuracy", "disc_acc", "gen_reward", "kl"]
+
+
+def write_curves(rows: list[dict[str, Any]], path: str | Path) -> Path:
+    path = Path(path)
+    keys = set().union(*(r.keys() for r in rows)) if rows else set(FIRST)
+    columns = [c for c in FIRST if c in keys or c in FIRST] + sorted(keys - set(FIRST))
+    tmp = path.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        w.writeheader()
+        for r in sorted(rows, key=lambda r: r["step"]):
+            w.writerow({k: _fmt(r.get(k)) for k in columns})
+    os.replace(tmp, path)
+    return path
+
+
+def _fmt(v):
+    if isinstance(v, float):
+        return f"{v:.4f}"
+    return "" if v is None else v
+
+
+def read_curves(path: str | Path) -> list[dict[str, Any]]:
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    out = []
+    for r in rows:
+        d = {}
+        for k, v in r.items():
+            if v == "":
+                d[k] = None
+                continue
+            try:
+                d[k] = int(v) if k == "step" else float(v)
+            except ValueError:
+                d[k] = v
+        out.append(d)
+    return out
+
+
+def plot_curves(rows: list[dict[str, Any]], path: str | Path, *, freeze_step: int | None = None,
+                best_step: int | None = None, title: str = "Held-out Turing distance") -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = sorted(rows, key=lambda r: r["step"])
+    steps = [r["step"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=120)
+    if rows:
+        td = [r["td"] for r in rows]
+        lo = [r.get("td_ci_low") if r.get("td_ci_low") is not None else r["td"] for r in rows]
+        hi = [r.get("td_ci_high") if r.get("td_ci_high") is not None else r["td"] for r in rows]
+        ax.fill_between(steps, lo, hi, alpha=0.2, color="C0", label="panel td 95% CI")
+        ax.plot(steps, td, "-o", color="C0", lw=2, label="panel td (max over detectors)")
+        detectors = sorted({k[len("td/"):] for r in rows for k in r if k.startswith("td/") and k != "td/panel"})
+        for i, name in enumerate(detectors, start=1):
+            ax.plot(steps, [r.get(f"td/{name}") for r in rows], "--", lw=1, color=f"C{i}", label=f"{name}")
+        if any(r.get("disc_acc") is not None for r in rows):
+            ax.plot(steps, [abs(r["disc_acc"] * 100 - 50) if r.get("disc_acc") is not None else None for r in rows],
+                    ":", color="gray", lw=1, label="training discriminator |acc-50|")
+    if best_step is not None:
+        ax.axvline(best_step, color="green", lw=1, alpha=0.7, label=f"best (exported) step {best_step}")
+    if freeze_step is not None:
+        ax.axvline(freeze_step, color="red", lw=1.5, label=f"gate freeze step {freeze_step}")
+    ax.set_xlabel("generator step")
+    ax.set_ylabel("td = |accuracy - 50|  (0 = indistinguishable)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

@@ -1,0 +1,158 @@
+"""Frozen export: merged weights (safetensors), tokenizer, chat template, generation config and `simulator.json`
+(base model, data fingerprint, full config, td curve, best td with CI, gate reason, prompt format version, and the
+sha256 of every file). Written to a temporary folder and renamed into place, files read-only, so an interrupted export
+never leaves a folder that passes `verify`.
+
+    python -m adversary.export verify DIR      # exit 0 when every hash matches; 1 naming the file otherwise
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import stat
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from conversations.cli_util import friendly_errors
+from conversations.schema import DataError
+
+MANIFEST = "simulator.json"
+EXPORT_FORMAT = 1
+
+
+class ExportError(DataError):
+    """A frozen export that is missing, incomplete or modified."""
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _hash_tree(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): sha256_file(p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
+
+
+def export_frozen(model, tokenizer, out_dir: str | Path, manifest: dict[str, Any]) -> Path:
+    """Merge LoRA adapters (if any), save everything into a temporary sibling folder, hash, make read-only, rename.
+
+    `model` may be a peft model (merged here, on the model itself) or a plain transformers model."""
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if hasattr(model, "merge_and_unload"):
+        model = model.merge_and_unload()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if getattr(tokenizer, "chat_template", None) and not (tmp / "chat_template.jinja").exists():
+            (tmp / "chat_template.jinja").write_text(tokenizer.chat_template)
+        files = _hash_tree(tmp)
+        doc = dict(manifest)
+        doc.update(export_format=EXPORT_FORMAT, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), files=files)
+        (tmp / MANIFEST).write_text(json.dumps(doc, indent=2, sort_keys=True, default=str))
+        for p in tmp.rglob("*"):
+            if p.is_file():
+                os.chmod(p, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+        os.chmod(tmp, 0o755)
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def verify_export(path: str | Path) -> list[str]:
+    """Problems with an export, one line each naming the file; an empty list means every hash matches."""
+    root = Path(path)
+    if not root.is_dir():
+        return [f"{root}: not a folder"]
+    mpath = root / MANIFEST
+    if not mpath.exists():
+        return [f"{mpath}: manifest missing (incomplete or not an export)"]
+    try:
+        manifest = json.loads(mpath.read_text())
+        expected = dict(manifest["files"])
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        return [f"{mpath}: unreadable manifest ({e})"]
+    problems = []
+    actual = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.name != MANIFEST}
+    for name, digest in sorted(expected.items()):
+        p = root / name
+        if not p.exists():
+            problems.append(f"{name}: missing")
+        elif sha256_file(p) != digest:
+            problems.append(f"{name}: changed (sha256 differs from the manifest)")
+    for name in sorted(actual - set(expected)):
+        problems.append(f"{name}: extra file not in the manifest")
+    return problems
+
+
+def read_manifest(path: str | Path) -> dict[str, Any]:
+    return json.loads((Path(path) / MANIFEST).read_text())
+
+
+def load_frozen(path: str | Path, device: str | None = None, dtype: str = "auto"):
+    """Load a frozen simulator after checking every hash: (model in eval mode, tokenizer, manifest)."""
+    problems = verify_export(path)
+    if problems:
+        raise ExportError("refusing to load a modified or incomplete export: " + "; ".join(problems[:5]), str(path))
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype == "auto":
+        torch_dtype = torch.bfloat16 if (device or "").startswith("cuda") else torch.float32
+    else:
+        torch_dtype = getattr(torch, dtype)
+    tok = AutoTokenizer.from_pretrained(str(path))
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, use_safetensors=True)
+    if device:
+        model.to(device)
+    # frozen: eval mode, no grad, hashes checked at load
+    model.eval().requires_grad_(False)
+    return model, tok, read_manifest(path)
+
+
+@friendly_errors
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m adversary.export", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    v = sub.add_parser("verify", help="check every file's sha256 against simulator.json")
+    v.add_argument("dir")
+    args = p.parse_args(argv)
+    problems = verify_export(args.dir)
+    if problems:
+        for line in problems:
+            print(f"FAIL {args.dir}/{line}", file=sys.stderr)
+        return 1
+    n = len(read_manifest(args.dir)["files"])
+    print(f"OK {args.dir}: {n} files match simulator.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
