@@ -1,0 +1,171 @@
+"""Co-training the discriminator inside the GRPO run.
+
+The reward call only scores and records; the updates happen here, in a `TrainerCallback` at the end of a generator
+step, every `d_every` steps: the new (context, simulated, real) triples of every rank are gathered so that the replay
+buffer is identical everywhere, the main process makes `d_steps` balanced updates (label smoothing; none while the
+discriminator's accuracy on the fresh triples is above the ceiling, twice as many while it is below the floor), and
+the weights are broadcast from the main process, so the discriminator stays identical on every rank.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+from transformers import TrainerCallback
+
+from conversations.schema import TurnRecord
+
+
+@dataclass
+class ReplayBuffer:
+    size: int = 512
+    seed: int = 0
+    items: deque = field(default_factory=deque)  # (context, simulated_turn, real_turn, id)
+    pending: list = field(default_factory=list)  # added on this rank since the last sync
+
+    def __post_init__(self):
+        self.items = deque(self.items, maxlen=self.size)
+        self.rng = random.Random(self.seed)
+
+    def add(self, sims: list[TurnRecord], reals: list[str]) -> None:
+        for s, r in zip(sims, reals):
+            self.pending.append((s.context, s.user_turn, r, s.id))
+
+    def take_pending(self) -> list:
+        out, self.pending = self.pending, []
+        return out
+
+    def extend(self, triples: list) -> None:
+        self.items.extend(tuple(t) for t in triples)
+
+    def sample(self, n: int, recent: list | None = None) -> tuple[list[TurnRecord], np.ndarray]:
+        """A balanced batch: n/2 simulated turns (the freshest first, then replayed ones) and the real turns of the
+        same contexts. Labels: 1 = real, 0 = simulated."""
+        half = max(1, n // 2)
+        pool = list(recent or [])[:half]
+        if len(pool) < half and self.items:
+            pool += self.rng.sample(list(self.items), min(half - len(pool), len(self.items)))
+        items, labels = [], []
+        for ctx, sim, real, rid in pool:
+            items.append(TurnRecord(id=f"{rid}", context=ctx, user_turn=sim))
+            labels.append(0)
+            items.append(TurnRecord(id=f"{rid}@real", context=ctx, user_turn=real))
+            labels.append(1)
+        return items, np.asarray(labels)
+
+    def state_dict(self) -> dict:
+        return {"size": self.size, "items": [list(t) for t in self.items], "rng": self.rng.getstate()}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.size = d["size"]
+        self.items = deque((tuple(t) for t in d["items"]), maxlen=self.size)
+        st = d["rng"]
+        self.rng.setstate((st[0], tuple(st[1]), st[2]))
+
+
+@dataclass
+class FaultCounter:
+    """Non-finite rewards or losses: each is counted, the step skipped; past `limit` the run stops with a message."""
+
+    limit: int = 5
+    counts: dict = field(default_factory=dict)
+
+    def add(self, kind: str, n: int = 1) -> None:
+        self.counts[kind] = self.counts.get(kind, 0) + n
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def exceeded(self) -> bool:
+        return self.total > self.limit
+
+
+def discriminator_accuracy(disc, items, labels) -> float:
+    scores = np.asarray(disc.score(items))
+    return float(np.mean((scores > 0).astype(int) == labels))
+
+
+def broadcast_module(module) -> None:
+    """Copy every parameter and buffer of `module` from rank 0 to all ranks (no-op in one process)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    for t in list(module.parameters()) + list(module.buffers()):
+        dist.broadcast(t.data, src=0)
+
+
+class CoTrainCallback(TrainerCallback):
+    def __init__(self, cfg, discriminator, buffer: ReplayBuffer, accelerator, collapse_window: int = 20):
+        self.cfg = cfg
+        self.disc = discriminator
+        self.buffer = buffer
+        self.accelerator = accelerator
+        self.history: list[dict] = []  # per update round: acc before, loss, updates
+        self.collapse_window = collapse_window
+        self.collapse_reported = False
+        self.last: dict = {}
+
+    def on_step_end(self, args, state, control, **kwargs):
+        from accelerate.utils import gather_object
+
+        step = state.global_step
+        if step % self.cfg.d_every != 0:
+            return control
+        fresh = self.buffer.take_pending()
+        if self.accelerator.num_processes > 1:
+            fresh = gather_object(fresh)  # every rank now holds every rank's triples, in rank order
+        fresh = [tuple(t) for t in fresh]
+        items, labels = self.buffer.sample(2 * len(fresh), recent=fresh) if fresh else ([], np.asarray([]))
+        acc = discriminator_accuracy(self.disc, items, labels) if items else float("nan")
+        n_updates = self.cfg.d_steps
+        if acc == acc:  # not NaN
+            if acc > self.cfg.disc_acc_ceiling:
+                n_updates = 0
+            elif acc < self.cfg.disc_acc_floor:
+                n_updates = 2 * self.cfg.d_steps
+        self.buffer.extend(fresh)
+        losses = []
+        if self.accelerator.is_main_process:
+            for i in range(n_updates):
+                batch, y = self.buffer.sample(self.cfg.disc_batch_size, recent=fresh if i == 0 else None)
+                if batch:
+                    losses.append(float(self.disc.update(batch, y)))
+        if n_updates:
+            broadcast_module(self.disc.model)
+        self.last = {
+            "disc/acc": acc,
+            "disc/loss": float(np.mean(losses)) if losses else None,
+            "disc/updates": n_updates,
+            "disc/buffer": len(self.buffer.items),
+        }
+        self.history.append({"step": step, **self.last})
+        self._check_collapse()
+        return control
+
+    def _check_collapse(self) -> None:
+        """A discriminator pinned at 100% (reward saturated) or at 50% (no signal) for many rounds is reported."""
+        recent = [h["disc/acc"] for h in self.history[-self.collapse_window :] if h["disc/acc"] == h["disc/acc"]]
+        if self.collapse_reported or len(recent) < self.collapse_window:
+            return
+        if min(recent) >= 0.999 or all(abs(a - 0.5) <= 0.05 for a in recent):
+            kind = "pinned at 100%" if min(recent) >= 0.999 else "pinned near 50%"
+            print(f"warning: discriminator collapse: accuracy {kind} for {self.collapse_window} update rounds")
+            self.last["disc/collapse"] = 1
+            self.collapse_reported = True
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is not None:
+            logs.update({k: v for k, v in self.last.items() if v is not None})
+        return control
+
+    def state_dict(self) -> dict:
+        return {"history": self.history, "collapse_reported": self.collapse_reported}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.history = list(d.get("history", []))
+        self.collapse_reported = bool(d.get("collapse_reported", False))

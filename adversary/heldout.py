@@ -1,0 +1,76 @@
+"""Held-out Turing distance: a fixed set of test-split contexts (never used to train the generator or the
+discriminator), one simulated turn each with a fixed sampling seed (the same at every evaluation, so that readings
+differ by the generator, not by sampling luck), scored by a freshly trained detector panel (`discriminator.turing`).
+
+Under several processes each rank simulates its shard of the contexts; the main process measures.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from conversations.schema import TurnRecord
+from discriminator.turing import measure_td
+from generator.diagnostics import realism_diagnostics
+from generator.prompts import strip_end_marker
+from generator.sample import simulate_records
+
+
+def simulate_heldout(model, tokenizer, records: list[TurnRecord], cfg, accelerator=None, seed: int = 1234) -> list[TurnRecord]:
+    """Simulate one turn per held-out context (sharded over ranks when `accelerator` has several processes)."""
+    n_proc = accelerator.num_processes if accelerator is not None else 1
+    rank = accelerator.process_index if accelerator is not None else 0
+    per = math.ceil(len(records) / n_proc)
+    shard = records[rank * per : (rank + 1) * per]
+    # equal shard sizes: under ZeRO-3 every rank must run the same number of forward passes
+    shard = shard + records[: per - len(shard)] if len(shard) < per else shard
+    was_training = model.training
+    model.eval()
+    try:
+        sims = simulate_records(
+            model, tokenizer, shard,
+            max_new_tokens=cfg.heldout_max_new_tokens,
+            max_context_tokens=cfg.max_context_tokens,
+            seed=seed + rank,
+        )
+    finally:
+        model.train(was_training)
+    if n_proc > 1:
+        from accelerate.utils import gather_object
+
+        sims = gather_object(sims)
+    seen, out = set(), []
+    for s in sims:
+        if s.id not in seen:
+            seen.add(s.id)
+            out.append(s)
+    return out
+
+
+def measure_heldout(real: list[TurnRecord], sims: list[TurnRecord], cfg, seed: int = 0) -> dict:
+    """One row of the td curve: panel td with CI, each detector's td, AUC, paired accuracy, diagnostics."""
+    t0 = time.perf_counter()
+    clean = []
+    for s in sims:
+        text, ended = strip_end_marker(s.user_turn)
+        clean.append(TurnRecord(id=s.id, context=s.context, user_turn=text.strip() or "...", conversation_id=s.conversation_id,
+                                meta={**s.meta, "ended": ended}))
+    report = measure_td(real, clean, detectors=tuple(cfg.heldout_detectors), folds=cfg.heldout_folds, seed=seed)
+    lo, hi = report["turing_distance_ci95"]
+    row = {
+        "td": report["turing_distance"],
+        "td_ci_low": lo,
+        "td_ci_high": hi,
+        "signed": report["signed"],
+        "auc": report["auc"],
+        "paired_accuracy": report.get("paired_accuracy"),
+        "headline_detector": report.get("headline_detector"),
+        "td/panel": report["turing_distance"],
+    }
+    for name, d in report["detectors"].items():
+        row[f"td/{name}"] = d["turing_distance"]
+    for k, v in realism_diagnostics(sims, real).items():
+        row[f"diag/{k}"] = v
+    row["meter_seconds"] = time.perf_counter() - t0
+    return row

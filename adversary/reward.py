@@ -1,0 +1,102 @@
+"""Rewards of a simulated user turn, as TRL reward functions (one callable per term, so TRL logs each on its own
+under `rewards/<name>/mean`; their weights go to `GRPOConfig.reward_weights`).
+
+- `disc`: the co-trained discriminator's log-odds that the turn is real, clipped to [-clip, clip];
+- `length`: -|log(len_sim / len_real)| against the real turn of the same context (capped at 3);
+- `copy`: minus the share of the turn copied from the context (long n-gram overlap);
+- `assistant`: minus the assistant-likeness of the turn ("I'd be happy to help", "As an AI", bullet lists).
+
+Every scored triple (context, simulated, real) also goes to the replay buffer that the discriminator trains on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+
+from conversations.schema import TurnRecord
+from generator.diagnostics import assistant_likeness_score, copy_score
+from generator.prompts import strip_end_marker
+
+
+def completion_text(c: Any) -> str:
+    """TRL passes strings for plain prompts and [{"role": "assistant", "content": ...}] for conversational ones."""
+    if isinstance(c, list):
+        return c[-1]["content"] if c else ""
+    return c
+
+
+def simulated_records(completions, context, record_id) -> list[TurnRecord]:
+    out = []
+    for c, ctx, rid in zip(completions, context, record_id):
+        text, _ = strip_end_marker(completion_text(c))
+        out.append(TurnRecord(id=f"{rid}@sim", context=json.loads(ctx) if isinstance(ctx, str) else ctx, user_turn=text.strip()))
+    return out
+
+
+class DiscriminatorReward:
+    """reward = clip(log-odds that the turn is real), scored in one batch by the current discriminator."""
+
+    __name__ = "disc"
+
+    def __init__(self, discriminator, buffer, clip: float = 5.0, faults=None):
+        self.discriminator = discriminator
+        self.buffer = buffer
+        self.clip = clip
+        self.faults = faults  # FaultCounter or None: non-finite scores are counted, then replaced by 0
+
+    def __call__(self, prompts, completions, context, real_turn, record_id, log_metric=None, **kwargs):
+        sims = simulated_records(completions, context, record_id)
+        logits = np.asarray(self.discriminator.score(sims), dtype=np.float64)  # (B,)
+        bad = ~np.isfinite(logits)
+        if bad.any() and self.faults is not None:
+            self.faults.add("reward", int(bad.sum()))
+        logits = np.where(bad, 0.0, logits)
+        self.buffer.add(sims, real_turn)
+        if log_metric is not None:
+            log_metric("disc/p_real_on_sim", float(np.mean(1 / (1 + np.exp(-logits)))))
+        return np.clip(logits, -self.clip, self.clip).tolist()
+
+
+class LengthReward:
+    __name__ = "length"
+
+    def __call__(self, prompts, completions, real_turn, **kwargs):
+        out = []
+        for c, real in zip(completions, real_turn):
+            sim = strip_end_marker(completion_text(c))[0].strip()
+            out.append(-min(3.0, abs(math.log((len(sim) + 1) / (len(real) + 1)))))
+        return out
+
+
+class CopyReward:
+    __name__ = "copy"
+
+    def __call__(self, prompts, completions, context, **kwargs):
+        return [
+            -float(copy_score(strip_end_marker(completion_text(c))[0], json.loads(ctx) if isinstance(ctx, str) else ctx))
+            for c, ctx in zip(completions, context)
+        ]
+
+
+class AssistantReward:
+    __name__ = "assistant"
+
+    def __call__(self, prompts, completions, **kwargs):
+        return [-float(assistant_likeness_score(strip_end_marker(completion_text(c))[0])) for c in completions]
+
+
+def build_rewards(cfg, discriminator, buffer, faults=None) -> tuple[list, list[float]]:
+    """The reward callables and their weights; terms with weight 0 are left out (nothing to compute)."""
+    terms = [
+        (DiscriminatorReward(discriminator, buffer, cfg.reward_clip, faults), cfg.w_disc),
+        (LengthReward(), cfg.w_length),
+        (CopyReward(), cfg.w_copy),
+        (AssistantReward(), cfg.w_assistant),
+    ]
+    # the discriminator term always runs: it feeds the replay buffer even at weight 0
+    kept = [(f, w) for i, (f, w) in enumerate(terms) if w > 0 or i == 0]
+    return [f for f, _ in kept], [float(w) for _, w in kept]

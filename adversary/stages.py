@@ -1,0 +1,157 @@
+"""The stages of the main job, each a small function that `adversary/train.py` calls in order."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from conversations.fingerprint import fingerprint
+from conversations.schema import TurnRecord
+from generator.data import load_turns, sample_records
+
+log = logging.getLogger("adversary")
+
+
+@dataclass
+class RunData:
+    train: list[TurnRecord]  # train split: SFT, discriminator fit, GRPO prompts
+    heldout: list[TurnRecord]  # test split: the fixed held-out contexts of the meter, never trained on
+    fingerprint: str
+
+
+def prepare_data(cfg, seed: int) -> RunData:
+    """Real user turns, split by conversation (no conversation in two splits), with the held-out set fixed by seed."""
+    kw = dict(max_context_messages=cfg.max_context_messages, max_turn_chars=cfg.max_turn_chars)
+    train = [r for r in load_turns(cfg.data, "train", **kw) if r.user_turn.strip()]
+    test = [r for r in load_turns(cfg.data, "test", **kw) if r.user_turn.strip()]
+    heldout = sample_records(test, cfg.heldout_contexts, seed=seed)
+    if len(heldout) < 20:
+        from conversations.schema import DataError
+
+        raise DataError(f"only {len(heldout)} held-out turns in the test split; the meter needs at least 20", cfg.data)
+    return RunData(train=train, heldout=heldout, fingerprint=fingerprint(train + heldout))
+
+
+# ------------------------------------------------------------------------------------------------------ 1. warm start
+
+
+def warm_start(cfg, args, data: RunData) -> str:
+    """SFT on real user turns (loss on the user side only, LoRA), merged into plain weights under
+    OUTPUT_DIR/warmstart; reused when already there (a resumed run does not repeat it). Returns the model path."""
+    from conversations.assets import resolve_model
+
+    if cfg.warmstart_steps == 0:
+        return resolve_model(cfg.model)
+    out = Path(args.output_dir) / "warmstart"
+    if (out / "COMPLETE").exists():
+        log.info("warm start: reusing %s", out)
+        return str(out / "merged")
+    from accelerate import PartialState
+
+    from generator.model import load_generator
+    from generator.sft import SFTArgs, run_sft
+
+    state = PartialState()
+    sft_args = SFTArgs(
+        model=cfg.model,
+        output_dir=str(out),
+        max_steps=cfg.warmstart_steps,
+        per_device_train_batch_size=cfg.warmstart_batch_size,
+        learning_rate=cfg.warmstart_lr,
+        lora_r=cfg.lora_r or 16,
+        lora_alpha=cfg.lora_alpha,
+        max_context_messages=cfg.max_context_messages,
+        max_turn_chars=cfg.max_turn_chars,
+        max_length=cfg.warmstart_max_length,
+        seed=args.seed,
+        eval_turns=0,
+    )
+    train = [r for r in data.train]
+    metrics = run_sft(sft_args, train_records=train, eval_records=[])
+    if state.is_main_process:
+        model, tok = load_generator(metrics["adapter_dir"], trust_remote_code=cfg.trust_remote_code)  # merged
+        model.save_pretrained(out / "merged", safe_serialization=True)
+        tok.save_pretrained(out / "merged")
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
+        (out / "COMPLETE").write_text("ok")
+    state.wait_for_everyone()
+    return str(out / "merged")
+
+
+# -------------------------------------------------------------------------------------------- 2. discriminator fit
+
+
+def make_discriminator(cfg, seed: int):
+    from discriminator.neural import NeuralDiscriminator
+
+    return NeuralDiscriminator(
+        backbone=cfg.discriminator,
+        max_length=cfg.disc_max_length,
+        context_tokens=cfg.disc_context_tokens,
+        lr=cfg.disc_lr,
+        batch_size=cfg.disc_batch_size,
+        label_smoothing=cfg.label_smoothing,
+        seed=seed,
+    )
+
+
+def fit_discriminator(cfg, disc, model, tokenizer, data: RunData, seed: int) -> dict:
+    """Initial fit on real turns against the (warm-started) generator's turns for the same train contexts. Every
+    process fits the same way from the same seed and data, so the discriminator starts identical on every rank."""
+    from generator.prompts import strip_end_marker
+    from generator.sample import simulate_records
+
+    t0 = time.perf_counter()
+    contexts = sample_records(data.train, cfg.disc_init_items, seed=seed + 1)
+    model.eval()
+    sims = simulate_records(model, tokenizer, contexts, max_new_tokens=cfg.heldout_max_new_tokens,
+                            max_context_tokens=cfg.max_context_tokens, seed=seed + 2)
+    sims = [TurnRecord(id=s.id + "@sim", context=s.context, user_turn=strip_end_marker(s.user_turn)[0].strip())
+            for s in sims]
+    items = list(contexts) + sims
+    labels = np.asarray([1] * len(contexts) + [0] * len(sims))
+    disc.fit(items, labels, epochs=cfg.disc_epochs)
+    scores = np.asarray(disc.score(items))
+    acc = float(np.mean((scores > 0).astype(int) == labels))
+    return {"disc/init_items": len(items), "disc/init_train_acc": acc, "disc/init_seconds": time.perf_counter() - t0,
+            "init_simulated": sims}
+
+
+# ------------------------------------------------------------------------------------------------------- 6. export
+
+
+def export_best(cfg, args, best_dir: Path, manifest: dict) -> Path:
+    """Merge the best checkpoint's adapter into its base and write the frozen export (atomic, hashed, read-only)."""
+    from accelerate import PartialState
+
+    from adversary.export import export_frozen
+    from generator.model import load_generator
+
+    out = Path(cfg.export_dir or Path(args.output_dir) / "frozen")
+    if PartialState().is_main_process:
+        model, tok = load_generator(str(best_dir), trust_remote_code=cfg.trust_remote_code)  # adapter merged
+        model.generation_config.do_sample = True
+        export_frozen(model, tok, out, manifest)
+    PartialState().wait_for_everyone()
+    return out
+
+
+def save_policy(trainer, out: Path) -> None:
+    """Save the generator as it is now (adapter only under LoRA) into `out`, replacing what was there; collective
+    under DeepSpeed/FSDP (every rank calls it)."""
+    tmp = out.with_name(out.name + ".tmp")
+    if trainer.accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+    trainer.accelerator.wait_for_everyone()
+    trainer.save_model(str(tmp))
+    if trainer.accelerator.is_main_process:
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    trainer.accelerator.wait_for_everyone()

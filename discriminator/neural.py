@@ -1,0 +1,365 @@
+"""`NeuralDiscriminator`: a sequence classifier over the pair (context tail, user turn).
+
+Input: the context rendered as `role: content` lines, truncated from the LEFT to `context_tokens` tokens (the end of the
+context, i.e. the message the user answers, matters most), paired with the user turn, truncated from the right so the
+whole pair fits `max_length`. Output: one logit per item, read as the log-odds that the turn is real (label 1).
+
+Any checkpoint that `AutoModelForSequenceClassification` loads works as backbone (encoders get the tokenizer's pair
+encoding, `[CLS] context [SEP] turn [SEP]`; decoders, which have no separator, get `context\\nuser: turn` and are pooled
+at the last token). The default is the embedded all-MiniLM-L6-v2 (`minilm-l6`, 22M parameters), which fits on CPU.
+
+Training is online-friendly: `update(items, labels)` is exactly one optimiser step, `state_dict()` holds everything needed
+to continue identically (weights, AdamW moments, step counter; dropout is seeded from (seed, step), so it does not
+depend on the global RNG), and `save(dir)` / `load(dir)` write it to disk with safetensors for the weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from conversations import DataError, TurnRecord
+from conversations.assets import resolve_model
+from discriminator.classical import check_labels
+from discriminator.features import render_pairs
+
+STATE_VERSION = 1
+# a decoder tokenizer has no pair separator: the turn is announced in text instead
+DECODER_TURN_MARKER = "\nuser: "
+DEFAULT_LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.05}
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """Loading a backbone without a classification head prints a load report; the head is new by design here."""
+    from transformers.utils import logging as hf_logging
+
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+class NeuralDiscriminator:
+    name = "neural"
+
+    def __init__(
+        self,
+        backbone: str = "minilm-l6",
+        max_length: int = 256,
+        context_tokens: int = 128,
+        lr: float = 2e-5,
+        batch_size: int = 32,
+        lora: bool | dict = False,
+        label_smoothing: float = 0.0,
+        seed: int = 0,
+        device: str | None = None,
+        *,
+        epochs: int = 1,
+        weight_decay: float = 0.01,
+        max_grad_norm: float | None = 1.0,
+        score_batch_size: int | None = None,
+        trust_remote_code: bool = False,
+    ) -> None:
+        if context_tokens < 0 or max_length < 16 or context_tokens > max_length - 16:
+            raise DataError(
+                f"need 0 <= context_tokens <= max_length - 16 (room for the turn), got context_tokens={context_tokens}, "
+                f"max_length={max_length}"
+            )
+        if not 0.0 <= label_smoothing < 1.0:
+            raise DataError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+        self.backbone = str(backbone)
+        self.max_length = int(max_length)
+        self.context_tokens = int(context_tokens)
+        self.lr = float(lr)
+        self.batch_size = int(batch_size)
+        self.lora = (dict(DEFAULT_LORA, **lora) if isinstance(lora, dict) else dict(DEFAULT_LORA)) if lora else False
+        self.label_smoothing = float(label_smoothing)
+        self.seed = int(seed)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.epochs = int(epochs)
+        self.weight_decay = float(weight_decay)
+        self.max_grad_norm = max_grad_norm
+        self.score_batch_size = int(score_batch_size or 2 * batch_size)
+        self.trust_remote_code = trust_remote_code
+        self.step = 0  # optimiser steps taken; seeds dropout, so a restored state continues identically
+        self.epochs_done = 0  # seeds the shuffling in fit()
+        self.frozen = False
+        self._build()
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # construction
+
+    def config(self) -> dict[str, Any]:
+        """The constructor arguments: `NeuralDiscriminator(**d.config())` builds the same (untrained) detector."""
+        return {
+            "backbone": self.backbone,
+            "max_length": self.max_length,
+            "context_tokens": self.context_tokens,
+            "lr": self.lr,
+            "batch_size": self.batch_size,
+            "lora": self.lora,
+            "label_smoothing": self.label_smoothing,
+            "seed": self.seed,
+            "epochs": self.epochs,
+            "weight_decay": self.weight_decay,
+            "max_grad_norm": self.max_grad_norm,
+            "score_batch_size": self.score_batch_size,
+            "trust_remote_code": self.trust_remote_code,
+        }
+
+    def _rng_devices(self) -> list[int]:
+        return [self.device.index or 0] if self.device.type == "cuda" else []
+
+    def _build(self) -> None:
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        path = resolve_model(self.backbone)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=self.trust_remote_code)
+            with _quiet_transformers(), torch.random.fork_rng(devices=self._rng_devices()):
+                torch.manual_seed(self.seed)  # the new classification head starts the same for a given seed
+                model = AutoModelForSequenceClassification.from_pretrained(
+                    path, num_labels=1, dtype=torch.float32, trust_remote_code=self.trust_remote_code
+                )
+        except OSError as e:
+            raise DataError(f"cannot load backbone {self.backbone!r}: {str(e).splitlines()[0]}") from None
+        tok = self.tokenizer
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token or tok.unk_token
+        tok.padding_side = "right"
+        model.config.pad_token_id = tok.pad_token_id
+        self.is_decoder_style = tok.sep_token is None
+        self._input_names = [n for n in tok.model_input_names if n in ("input_ids", "attention_mask", "token_type_ids")]
+        if self.lora:
+            from peft import LoraConfig, TaskType, get_peft_model
+
+            settings = dict(self.lora)
+            target = settings.pop("target_modules", None)
+            with torch.random.fork_rng(devices=self._rng_devices()):
+                torch.manual_seed(self.seed)
+                try:
+                    model = get_peft_model(model, LoraConfig(task_type=TaskType.SEQ_CLS, target_modules=target, **settings))
+                except ValueError:  # an architecture peft has no default targets for
+                    model = get_peft_model(
+                        model, LoraConfig(task_type=TaskType.SEQ_CLS, target_modules="all-linear", **settings)
+                    )
+        self.model = model.to(self.device)
+        self.model.eval()
+        self._trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            [p for _, p in self._trainable], lr=self.lr, weight_decay=self.weight_decay
+        )
+
+    def trainable_parameters(self) -> dict[str, torch.Tensor]:
+        return dict(self._trainable)
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # encoding
+
+    def _context_tails(self, contexts: list[str]) -> list[str]:
+        """Cut each context string at a token boundary so that at most `context_tokens` tokens are left (from the left:
+        the end is kept). Offsets keep the original text, so the tail re-tokenises to the same tokens."""
+        k = self.context_tokens
+        if k == 0:
+            return ["" for _ in contexts]
+        try:
+            enc = self.tokenizer(contexts, add_special_tokens=False, return_offsets_mapping=True)
+            offsets = enc["offset_mapping"]
+            return [c if len(o) <= k else c[o[-k][0]:] for c, o in zip(contexts, offsets)]
+        except NotImplementedError:  # a slow (Python) tokenizer has no offsets: truncate ids and decode
+            enc = self.tokenizer(contexts, add_special_tokens=False)["input_ids"]
+            return self.tokenizer.batch_decode([ids[-k:] for ids in enc], skip_special_tokens=True)
+
+    def encode(self, items: Sequence[TurnRecord]) -> list[dict[str, list[int]]]:
+        """Token ids per item, unpadded (padding happens per batch, so short batches stay short)."""
+        # a character budget first, so a 40k-character context is not tokenised only to be thrown away
+        contexts, turns = render_pairs(items, context_chars=self.context_tokens * 16 + 64)
+        contexts = self._context_tails(contexts)
+        if self.is_decoder_style:
+            contexts = [c + DECODER_TURN_MARKER if c else DECODER_TURN_MARKER.lstrip("\n") for c in contexts]
+        enc = self.tokenizer(contexts, turns, truncation="only_second", max_length=self.max_length)
+        names = [n for n in self._input_names if n in enc]
+        return [{n: enc[n][i] for n in names} for i in range(len(items))]
+
+    def _collate(self, features: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
+        batch = self.tokenizer.pad(features, padding=True, return_tensors="pt")  # each [B, T]
+        return {k: v.to(self.device) for k, v in batch.items() if k in self._input_names}
+
+    def _logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.model(**batch).logits.squeeze(-1)  # [B, 1] -> [B]
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # training
+
+    def update(self, items: Sequence[TurnRecord], labels) -> float:
+        """ONE optimiser step on this batch (gradients accumulated over micro-batches of `batch_size` if it is larger);
+        returns the mean loss. Used online by the adversarial loop."""
+        if self.frozen:
+            raise RuntimeError("this discriminator is frozen; it scores only")
+        y = check_labels(items, labels)
+        if not len(y):
+            raise DataError("update() needs at least one item")
+        feats = self.encode(items)
+        # label smoothing for a single logit: targets 1 -> 1 - eps/2, 0 -> eps/2
+        targets = torch.tensor(y, dtype=torch.float32) * (1.0 - self.label_smoothing) + 0.5 * self.label_smoothing
+        self.model.train()
+        total = 0.0
+        with torch.random.fork_rng(devices=self._rng_devices()):
+            # dropout masks depend on (seed, step) only: restoring a state_dict replays training exactly
+            torch.manual_seed(self.seed * 1_000_003 + self.step)
+            for start in range(0, len(feats), self.batch_size):
+                sl = slice(start, start + self.batch_size)
+                logits = self._logits(self._collate(feats[sl]))
+                t = targets[sl].to(self.device)
+                loss = F.binary_cross_entropy_with_logits(logits, t, reduction="sum") / len(feats)
+                loss.backward()
+                total += float(loss.detach())
+        if self.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_([p for _, p in self._trainable], self.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.eval()
+        self.step += 1
+        return total
+
+    def fit(self, items: Sequence[TurnRecord], labels, epochs: int | None = None) -> "NeuralDiscriminator":
+        """`epochs` passes of shuffled minibatches of `batch_size`, one `update` each. Losses land in `self.history`."""
+        y = check_labels(items, labels)
+        items = list(items)
+        n_epochs = self.epochs if epochs is None else int(epochs)
+        self.history: list[float] = []
+        for _ in range(n_epochs):
+            order = np.random.default_rng([self.seed, self.epochs_done]).permutation(len(items))
+            for start in range(0, len(order), self.batch_size):
+                idx = order[start:start + self.batch_size]
+                self.history.append(self.update([items[i] for i in idx], y[idx]))
+            self.epochs_done += 1
+        return self
+
+    def freeze(self) -> "NeuralDiscriminator":
+        """Eval mode, no gradients, `update` refused: the judge that a reward reads."""
+        self.model.eval()
+        for _, p in self._trainable:
+            p.requires_grad_(False)
+        self.frozen = True
+        return self
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # scoring
+
+    def score(self, items: Sequence[TurnRecord]) -> np.ndarray:
+        """Log-odds that each item is real, float64 [n]. Batched (items sorted by length so batches pad little),
+        eval mode, under torch.inference_mode."""
+        if not len(items):
+            return np.zeros(0)
+        feats = self.encode(items)
+        order = np.argsort([-len(f["input_ids"]) for f in feats], kind="stable")
+        out = torch.empty(len(feats), dtype=torch.float32)
+        was_training = self.model.training
+        self.model.eval()
+        with torch.inference_mode():
+            for start in range(0, len(order), self.score_batch_size):
+                idx = order[start:start + self.score_batch_size]
+                out[torch.as_tensor(idx)] = self._logits(self._collate([feats[i] for i in idx])).float().cpu()
+        self.model.train(was_training)
+        return out.numpy().astype(np.float64)
+
+    def predict_proba(self, items: Sequence[TurnRecord]) -> np.ndarray:
+        """P(real) per item, [n]."""
+        return 1.0 / (1.0 + np.exp(-self.score(items)))
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # state
+
+    def _weights(self) -> dict[str, torch.Tensor]:
+        """Every weight for a full fine-tune; only the trainable ones (adapters and head) with LoRA, whose frozen base
+        comes from the backbone."""
+        if self.lora:
+            sd = {n: p for n, p in self._trainable}
+        else:
+            sd = self.model.state_dict()
+        # clone: a saved state must not move when training continues, and safetensors refuses shared storage
+        return {k: v.detach().cpu().clone().contiguous() for k, v in sd.items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "config": self.config(),
+            "model": self._weights(),
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "step": self.step,
+            "epochs_done": self.epochs_done,
+        }
+
+    def load_state_dict(self, sd: dict[str, Any]) -> "NeuralDiscriminator":
+        ours, theirs = self.config(), sd.get("config", {})
+        for key in ("backbone", "lora", "max_length", "context_tokens"):
+            if key in theirs and theirs[key] != ours[key]:
+                raise DataError(f"state was saved with {key}={theirs[key]!r}, this detector has {ours[key]!r}")
+        missing, unexpected = self.model.load_state_dict(
+            {k: v.to(self.device) for k, v in sd["model"].items()}, strict=not self.lora
+        )
+        if unexpected or (self.lora and set(sd["model"]) != {n for n, _ in self._trainable}):
+            raise DataError(f"state does not match the model: unexpected {list(unexpected)[:3]}")
+        self.optimizer.load_state_dict(sd["optimizer"])
+        self.step = int(sd.get("step", 0))
+        self.epochs_done = int(sd.get("epochs_done", 0))
+        return self
+
+    def save(self, directory: str | Path) -> Path:
+        """`discriminator.json` (config, step), `model.safetensors` (weights), `optimizer.pt` (AdamW state)."""
+        from safetensors.torch import save_file
+
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        sd = self.state_dict()
+        save_file(sd["model"], str(d / "model.safetensors"), metadata={"format": "pt"})
+        torch.save({"optimizer": sd["optimizer"], "step": sd["step"], "epochs_done": sd["epochs_done"]}, d / "optimizer.pt")
+        meta = {"version": STATE_VERSION, "config": sd["config"], "step": sd["step"], "epochs_done": sd["epochs_done"]}
+        (d / "discriminator.json").write_text(json.dumps(meta, indent=2))
+        return d
+
+    @classmethod
+    def load(cls, directory: str | Path, device: str | None = None) -> "NeuralDiscriminator":
+        from safetensors.torch import load_file
+
+        d = Path(directory)
+        meta_path = d / "discriminator.json"
+        if not meta_path.exists():
+            raise DataError("not a saved discriminator (no discriminator.json)", str(d))
+        meta = json.loads(meta_path.read_text())
+        if meta.get("version") != STATE_VERSION:
+            raise DataError(f"saved with state version {meta.get('version')}, this code reads {STATE_VERSION}", str(d))
+        det = cls(**meta["config"], device=device)
+        opt = torch.load(d / "optimizer.pt", map_location="cpu", weights_only=True) if (d / "optimizer.pt").exists() else None
+        sd = {
+            "config": meta["config"],
+            "model": load_file(str(d / "model.safetensors")),
+            "optimizer": opt["optimizer"] if opt else det.optimizer.state_dict(),
+            "step": meta.get("step", 0),
+            "epochs_done": meta.get("epochs_done", 0),
+        }
+        return det.load_state_dict(sd)
+
+    def n_parameters(self) -> tuple[int, int]:
+        """(trainable, total)."""
+        total = sum(p.numel() for p in self.model.parameters())
+        return sum(p.numel() for _, p in self._trainable), total
+
+    def __repr__(self) -> str:
+        t, n = self.n_parameters()
+        return f"NeuralDiscriminator({self.backbone!r}, trainable={t:,}/{n:,}, step={self.step})"
+

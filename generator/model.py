@@ -1,0 +1,158 @@
+"""Loading the simulator: any causal LM (embedded asset name, model id or path, or a saved LoRA adapter folder),
+optionally wrapped with a fresh LoRA adapter, in a dtype that suits the device."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from conversations.config import ConfigError
+
+log = logging.getLogger(__name__)
+
+# used when a model ships without a chat template (base models): ChatML, the format SmolLM2 uses
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+
+
+@dataclass
+class LoraSettings:
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    # peft's "all-linear": every linear layer but the output head
+    target_modules: Any = "all-linear"
+
+    def __post_init__(self):
+        if self.r < 1:
+            raise ConfigError(f"LoRA rank r must be >= 1, got {self.r}")
+        if not 0 <= self.dropout < 1:
+            raise ConfigError(f"LoRA dropout must be in [0, 1), got {self.dropout}")
+
+    def to_peft(self):
+        from peft import LoraConfig
+
+        return LoraConfig(
+            r=self.r,
+            lora_alpha=self.alpha,
+            lora_dropout=self.dropout,
+            target_modules=self.target_modules,
+            task_type="CAUSAL_LM",
+        )
+
+
+def pick_device(device: str | None = None) -> str:
+    import torch
+
+    if device:
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def pick_dtype(dtype: Any = "auto", device: str = "cpu"):
+    """bf16 on a GPU that supports it (fp16 on an older one), fp32 on CPU (bf16 matmuls are slow there)."""
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r} (choose from {', '.join(DTYPES)})")
+    if dtype == "auto":
+        if str(device).startswith("cuda"):
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    return {
+        "float32": torch.float32, "fp32": torch.float32,
+        "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+        "float16": torch.float16, "fp16": torch.float16,
+    }[dtype]
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    # left padding: a batch of prompts must end where generation starts
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
+    if tok.chat_template is None:
+        log.warning("%s has no chat template; using ChatML", path)
+        tok.chat_template = CHATML_TEMPLATE
+    return tok
+
+
+def _adapter_base(path: Path) -> str | None:
+    cfg = path / "adapter_config.json"
+    if not cfg.exists():
+        return None
+    base = json.loads(cfg.read_text()).get("base_model_name_or_path")
+    if not base:
+        raise ConfigError("adapter_config.json has no base_model_name_or_path", str(cfg))
+    return base
+
+
+def load_generator(
+    name_or_path: str | os.PathLike,
+    lora: LoraSettings | None = None,
+    dtype: Any = "auto",
+    device: str | None = None,
+    gradient_checkpointing: bool = False,
+    trust_remote_code: bool = False,
+):
+    """(model, tokenizer). `name_or_path`: an embedded asset (`smollm2-135m-instruct`, `tiny-random`), a model id, a
+    model folder, or a LoRA adapter folder saved by `generator.sft` (its base is loaded and the adapter merged, or kept
+    trainable when `lora` is given). With `lora` and a plain model, a fresh adapter is added."""
+    from transformers import AutoModelForCausalLM
+
+    from conversations.assets import resolve_model
+
+    path = resolve_model(name_or_path)
+    device = pick_device(device)
+    torch_dtype = pick_dtype(dtype, device)
+    adapter_base = _adapter_base(Path(path)) if Path(path).is_dir() else None
+    base_path = resolve_model(adapter_base) if adapter_base else path
+    tok_path = path if (Path(path) / "tokenizer_config.json").exists() else base_path
+
+    tokenizer = load_tokenizer(tok_path, trust_remote_code)
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    if getattr(model.config, "pad_token_id", None) is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+        if adapter_base or lora is not None:
+            # frozen embeddings give checkpointed blocks inputs without grad; LoRA weights would get none
+            model.enable_input_require_grads()
+
+    if adapter_base:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, path, is_trainable=lora is not None)
+        if lora is None:
+            model = model.merge_and_unload()  # plain model: faster generation, nothing left to train
+        else:
+            log.info("continuing to train the adapter in %s (the given LoRA settings are not used)", path)
+    elif lora is not None:
+        from peft import get_peft_model
+
+        model = get_peft_model(model, lora.to_peft())
+    model.to(device)
+    return model, tokenizer
+
+
+def count_trainable(model) -> tuple[int, int]:
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    return trainable, total
