@@ -1,5 +1,6 @@
 """The main job's configuration: `AdversaryConfig` (ours) beside TRL's `GRPOConfig` (optimiser, schedule, GRPO,
-`output_dir`, `seed`, `report_to`, `max_steps`, `eval_steps`, `save_steps`). YAML files in `configs/` are presets of
+`output_dir`, `seed`, `report_to`, `max_steps`, `eval_steps`, `save_steps`, `trust_remote_code` (off unless asked
+for; used for every model the job loads)). YAML files in `configs/` are presets of
 both; any key can be overridden on the command line (`--key value`)."""
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ class AdversaryConfig:
         "help": "Train and evaluate on user turns up to this many characters (long pasted documents are a different task)."})
     max_context_tokens: int = field(default=256, metadata={"help": "Token budget of the simulator's prompt (left-truncated)."})
     train_contexts: int = field(default=512, metadata={"help": "Training contexts for the adversarial phase."})
-    trust_remote_code: bool = field(default=False, metadata={"help": "Allow model repos to run their own code. Off unless asked for."})
 
     # ---- LoRA of the generator
     lora_r: int = field(default=16, metadata={"help": "LoRA rank (0 trains every parameter)."})

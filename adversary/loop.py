@@ -95,10 +95,7 @@ class HeldoutGateCallback(TrainerCallback):
             print(f"[td] step {step}: td {r['td']:.1f} (95% CI {r['td_ci_low']:.1f}-{r['td_ci_high']:.1f}), "
                   f"auc {r['auc']:.3f}, disc acc {r.get('disc_acc') if r.get('disc_acc') is None else round(r['disc_acc'], 3)}"
                   f"{'  best' if res['is_best'] else ''}{'  -> gate: ' + self.gate.describe() if res['stop'] else ''}")
-            metrics = {f"td/{k[3:]}" if k.startswith("td/") else k: v for k, v in res["row"].items()
-                       if isinstance(v, (int, float)) and k != "step"}
-            metrics = {("td/value" if k == "td" else k): v for k, v in metrics.items()}
-            self.trainer.log({k if "/" in k else f"td/{k}": v for k, v in metrics.items()})
+            self.trainer.log(curve_metrics(r))
         self._stop = res["stop"]
 
     def write_outputs(self) -> None:
@@ -127,6 +124,56 @@ class HeldoutGateCallback(TrainerCallback):
         self.gate.finish(state.global_step)
         if self.trainer.accelerator.is_main_process:
             self.write_outputs()
+        return control
+
+
+def curve_metrics(row: dict) -> dict:
+    """A curve row under the project's metric prefixes: td/panel, td/ci_low, td/<detector>, diag/..., disc/acc."""
+    names = {"td": "td/panel", "td_ci_low": "td/ci_low", "td_ci_high": "td/ci_high", "signed": "td/signed",
+             "auc": "td/auc", "paired_accuracy": "td/paired_accuracy", "disc_acc": "disc/acc_at_eval",
+             "eval_seconds": "td/eval_seconds", "meter_seconds": "td/meter_seconds"}
+    out = {}
+    for k, v in row.items():
+        if k == "step" or not isinstance(v, (int, float)) or isinstance(v, bool):
+            continue
+        if k in names:
+            out[names[k]] = v
+        elif "/" in k:
+            out[k] = v
+    return out
+
+
+class QuietProgress(TrainerCallback):
+    """One progress bar over generator steps, with the latest td and reward beside it; no per-step dict dumps."""
+
+    def __init__(self):
+        self.bar = None
+        self.postfix = {}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=state.max_steps, initial=state.global_step, desc="adversarial", dynamic_ncols=True)
+        return control
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.bar is not None:
+            self.bar.update(state.global_step - self.bar.n)
+        return control
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.bar is not None and logs:
+            for key, short in (("reward", "reward"), ("td/panel", "td"), ("disc/acc", "disc_acc"), ("kl", "kl")):
+                if isinstance(logs.get(key), (int, float)):
+                    self.postfix[short] = round(float(logs[key]), 3)
+            self.bar.set_postfix(self.postfix, refresh=False)
+        return control
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
         return control
 
 
@@ -205,6 +252,11 @@ def build_trainer(cfg, args, model, tokenizer, disc, data, *, gate, rows, buffer
         peft_config=peft_config,
         callbacks=[FaultGuard(faults), cotrain, heldout_cb, runstate],
     )
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(ProgressCallback)
+    trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(QuietProgress())
     heldout_cb.trainer = trainer
     cotrain.accelerator = trainer.accelerator
     runstate.accelerator = trainer.accelerator

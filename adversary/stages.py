@@ -51,37 +51,40 @@ def warm_start(cfg, args, data: RunData) -> str:
     out = Path(args.output_dir) / "warmstart"
     if (out / "COMPLETE").exists():
         log.info("warm start: reusing %s", out)
-        return str(out / "merged")
+        return json.loads((out / "COMPLETE").read_text())["merged_dir"]
     from accelerate import PartialState
 
-    from generator.model import load_generator
     from generator.sft import SFTArgs, run_sft
 
     state = PartialState()
-    sft_args = SFTArgs(
-        model=cfg.model,
-        output_dir=str(out),
-        max_steps=cfg.warmstart_steps,
-        per_device_train_batch_size=cfg.warmstart_batch_size,
-        learning_rate=cfg.warmstart_lr,
-        lora_r=cfg.lora_r or 16,
-        lora_alpha=cfg.lora_alpha,
-        max_context_messages=cfg.max_context_messages,
-        max_turn_chars=cfg.max_turn_chars,
-        max_length=cfg.warmstart_max_length,
-        seed=args.seed,
-        eval_turns=0,
-    )
-    train = [r for r in data.train]
-    metrics = run_sft(sft_args, train_records=train, eval_records=[])
+    # the main process fine-tunes (a short LoRA run), the others wait and load the result: the warm start is not
+    # worth a distributed launch of its own, and every rank must start the adversarial phase from the same weights
     if state.is_main_process:
-        model, tok = load_generator(metrics["adapter_dir"], trust_remote_code=cfg.trust_remote_code)  # merged
-        model.save_pretrained(out / "merged", safe_serialization=True)
-        tok.save_pretrained(out / "merged")
-        (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
-        (out / "COMPLETE").write_text("ok")
+        sft_args = SFTArgs(
+            model=cfg.model,
+            output_dir=str(out),
+            max_steps=cfg.warmstart_steps,
+            per_device_train_batch_size=cfg.warmstart_batch_size,
+            learning_rate=cfg.warmstart_lr,
+            lora_r=cfg.lora_r or 16,
+            lora_alpha=cfg.lora_alpha,
+            max_context_messages=cfg.max_context_messages,
+            max_context_tokens=cfg.max_context_tokens,
+            max_turn_chars=cfg.max_turn_chars,
+            max_length=cfg.warmstart_max_length,
+            seed=args.seed,
+            eval_turns=0,
+            save_adapter=False,
+            save_merged=True,
+            trust_remote_code=args.trust_remote_code,
+        )
+        n = cfg.warmstart_steps * cfg.warmstart_batch_size
+        metrics = run_sft(sft_args, train_records=sample_records(data.train, n, seed=args.seed), eval_records=[])
+        (out / "COMPLETE").write_text(json.dumps({"merged_dir": metrics["merged_dir"]}))
+        print(f"warm start: {metrics['train_steps']} SFT steps, loss {metrics['train_loss']:.3f} "
+              f"({metrics['train_runtime_s']:.0f}s)", flush=True)
     state.wait_for_everyone()
-    return str(out / "merged")
+    return json.loads((out / "COMPLETE").read_text())["merged_dir"]
 
 
 # -------------------------------------------------------------------------------------------- 2. discriminator fit
@@ -135,7 +138,7 @@ def export_best(cfg, args, best_dir: Path, manifest: dict) -> Path:
 
     out = Path(cfg.export_dir or Path(args.output_dir) / "frozen")
     if PartialState().is_main_process:
-        model, tok = load_generator(str(best_dir), trust_remote_code=cfg.trust_remote_code)  # adapter merged
+        model, tok = load_generator(str(best_dir), trust_remote_code=args.trust_remote_code)  # adapter merged
         model.generation_config.do_sample = True
         export_frozen(model, tok, out, manifest)
     PartialState().wait_for_everyone()

@@ -64,7 +64,7 @@ def resolve_resume(args) -> Path | None:
 def main(argv=None) -> int:
     t_start = time.time()
     cfg, args = parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    quiet_libraries()
 
     import torch
     from accelerate import PartialState
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     start_model = warm_start(cfg, args, data)
 
     # 2. discriminator: fit on real turns against the warm-started generator's (or restored from the checkpoint)
-    model, tok = load_generator(start_model, trust_remote_code=cfg.trust_remote_code)
+    model, tok = load_generator(start_model, trust_remote_code=args.trust_remote_code)
     disc = make_discriminator(cfg, args.seed)
     gate = PlateauGate(patience=cfg.gate_patience, min_delta=cfg.gate_min_delta, target_td=cfg.gate_target_td,
                        max_steps=args.max_steps if args.max_steps > 0 else None, smooth=cfg.gate_smooth)
@@ -123,6 +123,7 @@ def main(argv=None) -> int:
         heldout_cb.meter_seconds = restored.get("meter_seconds", 0.0)
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     gate = heldout_cb.gate
+    check_ranks_identical(disc, out, state)
     if faults.exceeded():
         from conversations.schema import DataError
 
@@ -163,6 +164,42 @@ def main(argv=None) -> int:
               f"{summary['best_td_ci95'][1]}) at step {best.step}; gate: {gate.reason}; exported {frozen}; "
               f"{wall / 60:.1f} min")
     return 0
+
+
+def check_ranks_identical(disc, out: Path, state) -> None:
+    """Under several processes, every rank writes the sha256 of its discriminator weights; the main process checks
+    that they are all the same (the co-training keeps them identical by broadcasting after each update)."""
+    if state.num_processes == 1:
+        return
+    import hashlib
+
+    h = hashlib.sha256()
+    for k, v in sorted(disc.model.state_dict().items()):
+        h.update(k.encode())
+        h.update(v.detach().cpu().contiguous().numpy().tobytes())
+    d = out / "disc_ranks"
+    d.mkdir(exist_ok=True)
+    (d / f"rank{state.process_index}.json").write_text(json.dumps({"sha256": h.hexdigest()}))
+    state.wait_for_everyone()
+    if state.is_main_process:
+        digests = {json.loads(p.read_text())["sha256"] for p in d.glob("rank*.json")}
+        print(f"discriminator identical on {state.num_processes} ranks: {'yes' if len(digests) == 1 else 'NO'}")
+
+
+def quiet_libraries() -> None:
+    """Our progress bar and our lines, not every library's: loading bars, dataset-map bars and deprecation notes."""
+    import warnings
+
+    import datasets
+    import transformers
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", message=".*pin_memory.*")
+    datasets.disable_progress_bars()
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
 
 
 def say(state, msg: str) -> None:

@@ -1,0 +1,94 @@
+"""The main job end to end with the smoke preset: curves, plot, export, verify, resume, two processes."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+
+
+def launch(out, *extra, processes=1, timeout=600):
+    cmd = ["accelerate", "launch", "--num_processes", str(processes), "--cpu", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no",
+           str(ROOT / "adversary" / "train.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
+           "--output_dir", str(out), *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV, cwd=ROOT)
+
+
+def curve_steps(out):
+    with open(out / "curves.csv") as f:
+        return [int(r["step"]) for r in csv.DictReader(f)]
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke")
+    r = launch(out)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return out, r
+
+
+def test_smoke_outputs(smoke_run):
+    out, r = smoke_run
+    assert "done: td" in r.stdout
+    assert curve_steps(out) == [0, 2, 4]
+    assert (out / "turing_curve.png").stat().st_size > 5000
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["gate"] in ("plateau", "target", "max_steps") and 0 <= summary["best_td"] <= 50
+    manifest = json.loads((out / "frozen" / "simulator.json").read_text())
+    assert manifest["config"]["adversary"]["model"] == "tiny-random"
+    assert len(manifest["td_curve"]) == 3 and manifest["gate"]["reason"] == summary["gate"]
+    assert "model.safetensors" in manifest["files"] and manifest["prompt_format_version"]
+    v = subprocess.run([sys.executable, "-m", "adversary.export", "verify", str(out / "frozen")], capture_output=True, text=True)
+    assert v.returncode == 0, v.stderr
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(out / "frozen")
+    # the best checkpoint, not the last, is exported
+    best = json.loads((out / "best" / "best.json").read_text())
+    assert manifest["best"]["step"] == best["step"] and manifest["best"]["td"] == min(r["td"] for r in manifest["td_curve"])
+
+
+def test_resume_continues_without_duplicate_rows(smoke_run, tmp_path):
+    import shutil
+
+    out, _ = smoke_run
+    # pretend the run stopped after checkpoint 2: keep its state, drop what came later
+    run = tmp_path / "run"
+    shutil.copytree(out, run, symlinks=True)
+    shutil.rmtree(run / "checkpoint-4")
+    shutil.rmtree(run / "frozen", ignore_errors=True)
+    state = json.loads((run / "checkpoint-2" / "mimesis_state" / "state.json").read_text())
+    assert [r["step"] for r in state["rows"]] == [0, 2]
+    r = launch(run, "--resume_from_checkpoint", "latest")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "resuming from" in r.stdout and "discriminator: initial fit" not in r.stdout
+    assert curve_steps(run) == [0, 2, 4]
+    assert subprocess.run([sys.executable, "-m", "adversary.export", "verify", str(run / "frozen")]).returncode == 0
+
+
+def test_bad_config_key_is_one_clear_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((ROOT / "configs" / "smoke.yaml").read_text() + "\nlearning_rat: 0.1\n")
+    r = subprocess.run([sys.executable, str(ROOT / "adversary" / "train.py"), "--config", str(bad)],
+                       capture_output=True, text=True, env=ENV, timeout=120)
+    assert r.returncode == 2
+    assert "unknown key 'learning_rat'" in r.stderr and "did you mean 'learning_rate'" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.distributed
+def test_two_processes_keep_discriminator_identical(tmp_path):
+    out = tmp_path / "ddp"
+    r = launch(out, "--max_steps", "2", "--eval_steps", "2", "--save_steps", "2", processes=2)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ranks = sorted((out / "disc_ranks").glob("rank*.json"))
+    assert len(ranks) == 2
+    a, b = (json.loads(p.read_text())["sha256"] for p in ranks)
+    assert a == b and "discriminator identical on 2 ranks: yes" in r.stdout
