@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from transformers import TrainerCallback
 
+from adversary.crashpoints import crash_point
 from conversations.schema import TurnRecord
 
 
@@ -134,6 +135,7 @@ class CoTrainCallback(TrainerCallback):
             for i in range(n_updates):
                 batch, y = self.buffer.sample(self.cfg.disc_batch_size, recent=fresh if i == 0 else None)
                 if batch:
+                    crash_point("disc_update")
                     losses.append(float(self.disc.update(batch, y)))
         if n_updates:
             broadcast_module(self.disc.model)

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from adversary.crashpoints import crash_point
 from conversations.cli_util import friendly_errors
 from conversations.schema import DataError
 
@@ -69,6 +70,7 @@ def export_frozen(model, tokenizer, out_dir: str | Path, manifest: dict[str, Any
             if p.is_file():
                 os.chmod(p, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
         os.chmod(tmp, 0o755)
+        crash_point("export")
         if out.exists():
             old = out.with_name(f".{out.name}.old-{os.getpid()}")
             os.replace(out, old)

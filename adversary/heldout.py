@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import time
 
+from adversary.crashpoints import crash_point
 from conversations.schema import TurnRecord
 from discriminator.turing import measure_td
 from generator.diagnostics import realism_diagnostics
@@ -27,6 +28,7 @@ def simulate_heldout(model, tokenizer, records: list[TurnRecord], cfg, accelerat
     shard = shard + records[: per - len(shard)] if len(shard) < per else shard
     was_training = model.training
     model.eval()
+    crash_point("generation")
     try:
         sims = simulate_records(
             model, tokenizer, shard,

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from adversary.crashpoints import crash_point
+
 STATE_DIR = "mimesis_state"
 COMPLETE = "COMPLETE"
 
@@ -26,6 +28,7 @@ def save_state(checkpoint_dir: str | Path, *, discriminator, parts: dict) -> Pat
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     discriminator.save(tmp / "discriminator")
+    crash_point("save")
     doc = dict(parts)
     doc["rng"] = {"python": random.getstate(), "numpy": _np_state(), "torch": torch.get_rng_state().tolist()}
     (tmp / "state.json").write_text(json.dumps(doc, default=_jsonable))

@@ -1,0 +1,21 @@
+"""Fault injection for the crash-and-resume tests: `MIMESIS_CRASH_AT=point:n` kills this process with SIGKILL the
+n-th time it reaches `point` (generation, disc_update, save, export). Unset, it costs one dict lookup."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+_hits: dict[str, int] = {}
+
+
+def crash_point(point: str) -> None:
+    spec = os.environ.get("MIMESIS_CRASH_AT")
+    if not spec:
+        return
+    name, _, n = spec.partition(":")
+    if name != point:
+        return
+    _hits[point] = _hits.get(point, 0) + 1
+    if _hits[point] >= int(n or 1):
+        os.kill(os.getpid(), signal.SIGKILL)
