@@ -219,11 +219,12 @@ def grpo_dataset(cfg, tokenizer, records, seed: int):
     ])
 
 
-def build_trainer(cfg, args, model, tokenizer, disc, data, *, gate, rows, buffer: ReplayBuffer, faults: FaultCounter):
+def build_trainer(cfg, args, model, tokenizer, disc, data, *, gate, rows, buffer: ReplayBuffer, faults: FaultCounter,
+                  heldout: bool = True):
+    """The GRPO trainer with our callbacks. `heldout=False` (the study) leaves out the held-out td, gate and run-state
+    callbacks: the generator then trains for exactly `max_steps`."""
     from peft import LoraConfig
     from trl import GRPOTrainer
-
-    from generator.prompts import END_MARKER  # noqa: F401  (the marker stays in completions; rewards strip it)
 
     reward_funcs, weights = build_rewards(cfg, disc, buffer, faults)
     args.reward_weights = weights
@@ -250,7 +251,7 @@ def build_trainer(cfg, args, model, tokenizer, disc, data, *, gate, rows, buffer
         train_dataset=grpo_dataset(cfg, tokenizer, data.train, args.seed),
         processing_class=tokenizer,
         peft_config=peft_config,
-        callbacks=[FaultGuard(faults), cotrain, heldout_cb, runstate],
+        callbacks=[FaultGuard(faults), cotrain] + ([heldout_cb, runstate] if heldout else []),
     )
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
