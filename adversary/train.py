@@ -73,7 +73,8 @@ def main(argv=None) -> int:
     from adversary.cotrain import FaultCounter, ReplayBuffer
     from adversary.gate import PlateauGate
     from adversary.loop import build_trainer
-    from adversary.stages import export_best, fit_discriminator, make_discriminator, prepare_data, warm_start
+    from adversary.stages import (base_model_td, export_best, fit_discriminator, make_discriminator, prepare_data,
+                                  warm_start)
     from adversary.state import load_state
     from conversations.config import to_jsonable
     from generator.model import load_generator
@@ -90,6 +91,11 @@ def main(argv=None) -> int:
     # 0. data: real user turns, split by conversation; the held-out contexts are fixed by the seed
     data = prepare_data(cfg, args.seed)
     say(state, f"data: {len(data.train)} train turns, {len(data.heldout)} held-out contexts")
+
+    # (optional) the un-tuned base model's td, the reference point the whole pipeline should beat
+    base = base_model_td(cfg, args, data) if resume is None else None
+    if base:
+        say(state, f"base model {cfg.model}: held-out td {base['td']:.1f} (95% CI {base['td_ci_low']:.1f}-{base['td_ci_high']:.1f})")
 
     # 1. warm start: SFT on real user turns (skipped when resuming: reuses OUTPUT_DIR/warmstart)
     start_model = warm_start(cfg, args, data)
@@ -141,6 +147,7 @@ def main(argv=None) -> int:
         "td_curve": heldout_cb.rows,
         "best": {"step": best.step, "td": best.td, "td_ci95": [best.ci_low, best.ci_high]},
         "gate": {"reason": gate.reason, "description": gate.describe()},
+        "base_model_td": base,
         "prompt_format_version": _prompt_version(),
         "torch": torch.__version__,
     }
@@ -159,8 +166,10 @@ def main(argv=None) -> int:
             "meter_share": round(heldout_cb.meter_seconds / wall, 3),
             "peak_rss_mb": round(_peak_rss_mb(), 1),
         }
+        if base:
+            summary["base_model_td"] = round(base["td"], 2)
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
-        print(f"done: td {summary['start_td']} -> best {summary['best_td']} (95% CI {summary['best_td_ci95'][0]}-"
+        print(f"done: {'base td ' + str(summary['base_model_td']) + ', ' if base else ''}td {summary['start_td']} -> best {summary['best_td']} (95% CI {summary['best_td_ci95'][0]}-"
               f"{summary['best_td_ci95'][1]}) at step {best.step}; gate: {gate.reason}; exported {frozen}; "
               f"{wall / 60:.1f} min")
     return 0

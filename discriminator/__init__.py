@@ -1,0 +1,31 @@
+"""Detectors and the Turing-distance meter (docs/turing-distance.md).
+
+- `discriminator.turing.measure_td(real_items, sim_items, detectors=..., folds=5, seed=0)`: the meter.
+- `discriminator.neural.NeuralDiscriminator`: pair classifier over (context tail, user turn), trainable online.
+- `discriminator.classical.ClassicalDiscriminator` / `StyleDiscriminator`: scikit-learn detectors.
+
+Names are imported lazily, so `import discriminator.turing` with the fast panel never loads torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "NeuralDiscriminator": "discriminator.neural",
+    "ClassicalDiscriminator": "discriminator.classical",
+    "StyleDiscriminator": "discriminator.classical",
+    "measure_td": "discriminator.turing",
+    "make_detector": "discriminator.turing",
+    "turing_distance": "discriminator.turing",
+    "grouped_folds": "discriminator.turing",
+    "bootstrap_ci": "discriminator.turing",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'discriminator' has no attribute {name!r}")

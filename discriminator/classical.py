@@ -28,6 +28,14 @@ def check_labels(items: Sequence[TurnRecord], labels) -> np.ndarray:
     return y
 
 
+def _one_thread():
+    """OpenMP with 2 threads on 2 shared cores runs gradient boosting ~10x slower than 1 thread (spin-waiting); these
+    models are small, so one thread is also the fast choice on a big machine."""
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1)
+
+
 def _sigmoid(z: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-z))
 
@@ -115,7 +123,8 @@ class ClassicalDiscriminator(_SklearnDetector):
         self._model = LogisticRegression(
             C=self.C, class_weight="balanced", max_iter=2000, solver="liblinear", random_state=self.seed
         )
-        self._model.fit(X, y)
+        with _one_thread():
+            self._model.fit(X, y)
         return self
 
     def score(self, items: Sequence[TurnRecord]) -> np.ndarray:
@@ -123,7 +132,9 @@ class ClassicalDiscriminator(_SklearnDetector):
         self._check_fitted()
         if not len(items):
             return np.zeros(0)
-        return self._model.decision_function(self._featurize(items, fit=False)).astype(np.float64)
+        X = self._featurize(items, fit=False)
+        with _one_thread():
+            return self._model.decision_function(X).astype(np.float64)
 
 
 class StyleDiscriminator(_SklearnDetector):
@@ -160,7 +171,9 @@ class StyleDiscriminator(_SklearnDetector):
             class_weight="balanced",
             random_state=self.seed,
         )
-        self._model.fit(style_features(items), y)
+        X = style_features(items)
+        with _one_thread():
+            self._model.fit(X, y)
         return self
 
     def score(self, items: Sequence[TurnRecord]) -> np.ndarray:
@@ -168,4 +181,6 @@ class StyleDiscriminator(_SklearnDetector):
         self._check_fitted()
         if not len(items):
             return np.zeros(0)
-        return np.asarray(self._model.decision_function(style_features(items)), dtype=np.float64).reshape(-1)
+        X = style_features(items)
+        with _one_thread():
+            return np.asarray(self._model.decision_function(X), dtype=np.float64).reshape(-1)

@@ -3,6 +3,7 @@ hand-made style features. Both the neural and the scikit-learn detectors use the
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Sequence
 
@@ -95,17 +96,26 @@ def _log1p(x: float) -> float:
 
 
 def style_vector(item: TurnRecord) -> list[float]:
-    """The STYLE_FEATURES of one item, in that order."""
-    t = item.user_turn
+    """The STYLE_FEATURES of one item, in that order. Cached: cross-fitting featurises every item once per fold."""
+    # tuple keys hash fast (a str caches its hash) and hold references, not copies, of the texts
+    return list(_style_cached(item.user_turn, tuple((m["role"], m["content"]) for m in item.context)))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _style_cached(t: str, context: tuple[tuple[str, str], ...]) -> tuple[float, ...]:
+    return tuple(_style_vector(t, [{"role": r, "content": c} for r, c in context]))
+
+
+def _style_vector(t: str, context: list[dict]) -> list[float]:
     n = max(len(t), 1)
     words = _WORD.findall(t)
     nw = max(len(words), 1)
     stripped = t.strip()
     letters = [c for c in t if c.isalpha()]
-    prev = last_assistant(item.context)
+    prev = last_assistant(context)
     wset = {w.lower() for w in words}
     prev_words = {w.lower() for w in _WORD.findall(prev)}
-    ctx_words = {w.lower() for m in item.context for w in _WORD.findall(m["content"])} if item.context else set()
+    ctx_words = {w.lower() for m in context for w in _WORD.findall(m["content"])}
     return [
         _log1p(len(t)),
         _log1p(len(words)),
@@ -135,7 +145,7 @@ def style_vector(item: TurnRecord) -> list[float]:
         _log1p(len(_EMOJI.findall(t))),
         float("  " in t),
         float(t != t.rstrip()),
-        float(any(m["role"] != "system" for m in item.context)),
+        float(any(m["role"] != "system" for m in context)),
         # how long the turn is next to the message it answers (humans answer long replies briefly)
         float(np.log1p(len(t)) - np.log1p(len(prev))),
         # how much of the turn repeats the previous assistant message / the context (simulators copy)

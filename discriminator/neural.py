@@ -52,6 +52,18 @@ def _quiet_transformers():
             hf_logging.enable_progress_bar()
 
 
+class _class_or_instance:
+    """A method that receives the class when called on the class and the instance when called on an instance."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __get__(self, obj, owner):
+        import functools
+
+        return functools.partial(self.fn, obj if obj is not None else owner)
+
+
 class NeuralDiscriminator:
     name = "neural"
 
@@ -69,6 +81,7 @@ class NeuralDiscriminator:
         *,
         epochs: int = 1,
         weight_decay: float = 0.01,
+        head_lr: float | None = None,
         max_grad_norm: float | None = 1.0,
         score_batch_size: int | None = None,
         trust_remote_code: bool = False,
@@ -91,12 +104,16 @@ class NeuralDiscriminator:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.epochs = int(epochs)
         self.weight_decay = float(weight_decay)
+        self.head_lr = None if head_lr is None else float(head_lr)
         self.max_grad_norm = max_grad_norm
         self.score_batch_size = int(score_batch_size or 2 * batch_size)
         self.trust_remote_code = trust_remote_code
         self.step = 0  # optimiser steps taken; seeds dropout, so a restored state continues identically
         self.epochs_done = 0  # seeds the shuffling in fit()
         self.frozen = False
+        # added to the model's logit: fitted by calibrate() (fit() calls it) so that a short fit still puts its
+        # decision threshold (log-odds 0) in the right place; not trained by the optimiser
+        self.offset = 0.0
         self._build()
 
     # ----------------------------------------------------------------------------------------------------------------
@@ -115,6 +132,7 @@ class NeuralDiscriminator:
             "seed": self.seed,
             "epochs": self.epochs,
             "weight_decay": self.weight_decay,
+            "head_lr": self.head_lr,
             "max_grad_norm": self.max_grad_norm,
             "score_batch_size": self.score_batch_size,
             "trust_remote_code": self.trust_remote_code,
@@ -159,9 +177,20 @@ class NeuralDiscriminator:
         self.model = model.to(self.device)
         self.model.eval()
         self._trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            [p for _, p in self._trainable], lr=self.lr, weight_decay=self.weight_decay
-        )
+        # the classification head starts random: a higher learning rate there lets a short fit (tens of steps, as in
+        # the meter's cross-fitting) move the decision offset to where it belongs; the encoder keeps `lr`
+        head = [p for n, p in self._trainable if self._is_head(n)]
+        body = [p for n, p in self._trainable if not self._is_head(n)]
+        groups = [{"params": body, "lr": self.lr}]
+        if head:
+            groups.append({"params": head, "lr": self.head_lr if self.head_lr is not None else self.lr})
+        self.optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=self.lr, weight_decay=self.weight_decay)
+
+    @staticmethod
+    def _is_head(name: str) -> bool:
+        # BERT-like: classifier.*, decoders: score.*; with LoRA the same names sit under modules_to_save
+        parts = name.split(".")
+        return "classifier" in parts or "score" in parts
 
     def trainable_parameters(self) -> dict[str, torch.Tensor]:
         return dict(self._trainable)
@@ -176,11 +205,13 @@ class NeuralDiscriminator:
         if k == 0:
             return ["" for _ in contexts]
         try:
-            enc = self.tokenizer(contexts, add_special_tokens=False, return_offsets_mapping=True)
+            with _quiet_transformers():  # "longer than the model's maximum" warns, but these ids are never fed
+                enc = self.tokenizer(contexts, add_special_tokens=False, return_offsets_mapping=True)
             offsets = enc["offset_mapping"]
             return [c if len(o) <= k else c[o[-k][0]:] for c, o in zip(contexts, offsets)]
         except NotImplementedError:  # a slow (Python) tokenizer has no offsets: truncate ids and decode
-            enc = self.tokenizer(contexts, add_special_tokens=False)["input_ids"]
+            with _quiet_transformers():
+                enc = self.tokenizer(contexts, add_special_tokens=False)["input_ids"]
             return self.tokenizer.batch_decode([ids[-k:] for ids in enc], skip_special_tokens=True)
 
     def encode(self, items: Sequence[TurnRecord]) -> list[dict[str, list[int]]]:
@@ -199,7 +230,7 @@ class NeuralDiscriminator:
         return {k: v.to(self.device) for k, v in batch.items() if k in self._input_names}
 
     def _logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.model(**batch).logits.squeeze(-1)  # [B, 1] -> [B]
+        return self.model(**batch).logits.squeeze(-1) + self.offset  # [B, 1] -> [B]
 
     # ----------------------------------------------------------------------------------------------------------------
     # training
@@ -235,8 +266,11 @@ class NeuralDiscriminator:
         self.step += 1
         return total
 
-    def fit(self, items: Sequence[TurnRecord], labels, epochs: int | None = None) -> "NeuralDiscriminator":
-        """`epochs` passes of shuffled minibatches of `batch_size`, one `update` each. Losses land in `self.history`."""
+    def fit(
+        self, items: Sequence[TurnRecord], labels, epochs: int | None = None, calibrate: bool = True
+    ) -> "NeuralDiscriminator":
+        """`epochs` passes of shuffled minibatches of `batch_size`, one `update` each, then (by default) `calibrate` on
+        up to 512 of the same items. Losses land in `self.history`."""
         y = check_labels(items, labels)
         items = list(items)
         n_epochs = self.epochs if epochs is None else int(epochs)
@@ -247,7 +281,30 @@ class NeuralDiscriminator:
                 idx = order[start:start + self.batch_size]
                 self.history.append(self.update([items[i] for i in idx], y[idx]))
             self.epochs_done += 1
+        if calibrate and len(np.unique(y)) == 2:
+            self.calibrate(items, y)
         return self
+
+    def calibrate(self, items: Sequence[TurnRecord], labels, max_items: int = 512) -> float:
+        """Refit `offset` (the encoder fixed) to minimise the log loss on up to `max_items` of these items (a seeded,
+        label-stratified sample), so that scores read as calibrated log-odds and 0 is the decision threshold. After
+        tens of steps a fine-tuned head ranks well (high AUC) long before its bias has moved to the right place."""
+        y = check_labels(items, labels)
+        rng = np.random.default_rng([self.seed, 7])
+        per = max(1, max_items // 2)
+        idx = np.concatenate([rng.permutation(np.flatnonzero(y == c))[:per] for c in (0, 1)])
+        raw = self.score([items[i] for i in idx]) - self.offset
+        t = y[idx].astype(np.float64)
+        b = 0.0
+        for _ in range(100):  # Newton on a 1-D convex problem
+            p = 1.0 / (1.0 + np.exp(-(raw + b)))
+            g, h = float(np.sum(p - t)), float(np.sum(p * (1 - p))) + 1e-9
+            step = float(np.clip(g / h, -5.0, 5.0))
+            b -= step
+            if abs(step) < 1e-10:
+                break
+        self.offset = float(b)
+        return self.offset
 
     def freeze(self) -> "NeuralDiscriminator":
         """Eval mode, no gradients, `update` refused: the judge that a reward reads."""
@@ -302,6 +359,7 @@ class NeuralDiscriminator:
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
             "step": self.step,
             "epochs_done": self.epochs_done,
+            "offset": self.offset,
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> "NeuralDiscriminator":
@@ -317,6 +375,7 @@ class NeuralDiscriminator:
         self.optimizer.load_state_dict(sd["optimizer"])
         self.step = int(sd.get("step", 0))
         self.epochs_done = int(sd.get("epochs_done", 0))
+        self.offset = float(sd.get("offset", 0.0))
         return self
 
     def save(self, directory: str | Path) -> Path:
@@ -328,12 +387,17 @@ class NeuralDiscriminator:
         sd = self.state_dict()
         save_file(sd["model"], str(d / "model.safetensors"), metadata={"format": "pt"})
         torch.save({"optimizer": sd["optimizer"], "step": sd["step"], "epochs_done": sd["epochs_done"]}, d / "optimizer.pt")
-        meta = {"version": STATE_VERSION, "config": sd["config"], "step": sd["step"], "epochs_done": sd["epochs_done"]}
+        meta = {
+            "version": STATE_VERSION, "config": sd["config"], "step": sd["step"], "epochs_done": sd["epochs_done"],
+            "offset": sd["offset"],
+        }
         (d / "discriminator.json").write_text(json.dumps(meta, indent=2))
         return d
 
-    @classmethod
-    def load(cls, directory: str | Path, device: str | None = None) -> "NeuralDiscriminator":
+    @_class_or_instance
+    def load(cls_or_self, directory: str | Path, device: str | None = None) -> "NeuralDiscriminator":
+        """`NeuralDiscriminator.load(dir)` builds the saved detector; `det.load(dir)` loads into `det` in place (its
+        backbone and shape settings must match) and returns it."""
         from safetensors.torch import load_file
 
         d = Path(directory)
@@ -343,7 +407,7 @@ class NeuralDiscriminator:
         meta = json.loads(meta_path.read_text())
         if meta.get("version") != STATE_VERSION:
             raise DataError(f"saved with state version {meta.get('version')}, this code reads {STATE_VERSION}", str(d))
-        det = cls(**meta["config"], device=device)
+        det = cls_or_self if isinstance(cls_or_self, NeuralDiscriminator) else cls_or_self(**meta["config"], device=device)
         opt = torch.load(d / "optimizer.pt", map_location="cpu", weights_only=True) if (d / "optimizer.pt").exists() else None
         sd = {
             "config": meta["config"],
@@ -351,6 +415,7 @@ class NeuralDiscriminator:
             "optimizer": opt["optimizer"] if opt else det.optimizer.state_dict(),
             "step": meta.get("step", 0),
             "epochs_done": meta.get("epochs_done", 0),
+            "offset": meta.get("offset", 0.0),
         }
         return det.load_state_dict(sd)
 

@@ -35,7 +35,9 @@ ASSISTANT_PATTERNS: list[tuple[float, re.Pattern]] = [
     (1.0, re.compile(r"\blet me know if you (?:have|need) any (?:other |more |further )?(?:questions|help|assistance)", re.I)),
     (1.0, re.compile(r"\bis there anything else (?:i can|you(?:'d| would) like)", re.I)),
     (1.0, re.compile(r"\bhow (?:can|may) i (?:help|assist) you\b", re.I)),
-    (0.5, re.compile(r"^\s*(?:sure|certainly|absolutely|of course)\s*[!,.]", re.I)),
+    # an opening "Sure! Here is..." (a user's "sure, but why?" is not assistant talk)
+    (0.5, re.compile(r"^\s*(?:sure|certainly|absolutely|of course)\s*[!,.]\s*(?:here|i can|i'd|i would|i'll|let me)\b", re.I)),
+    (0.5, re.compile(r"^\s*certainly\s*[!,.]", re.I)),
     (0.5, re.compile(r"^\s*here (?:is|are) (?:a|an|the|some)\b", re.I)),
     (0.5, re.compile(r"\bgreat question\b", re.I)),
     (0.5, re.compile(r"\bi apologi[sz]e for (?:the|any) confusion\b", re.I)),

@@ -141,7 +141,9 @@ def load_generator(
 
         model = PeftModel.from_pretrained(model, path, is_trainable=lora is not None)
         if lora is None:
-            model = model.merge_and_unload()  # plain model: faster generation, nothing left to train
+            model = model.merge_and_unload()  # plain model: faster generation
+            for p in model.parameters():  # as from_pretrained leaves a plain model: every weight trainable
+                p.requires_grad_(True)
         else:
             log.info("continuing to train the adapter in %s (the given LoRA settings are not used)", path)
     elif lora is not None:

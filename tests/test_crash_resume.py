@@ -40,8 +40,8 @@ def steps(out):
 @pytest.mark.slow
 def test_sigkill_at_each_stage_then_resume(tmp_path):
     out = tmp_path / "run"
-    # 1. killed in the second discriminator update round (step 2): checkpoint-1 is complete
-    r = run(out, crash="disc_update:2")
+    # 1. killed in a discriminator update at step 2 (two updates a step while its accuracy is under the floor)
+    r = run(out, crash="disc_update:3")
     assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
     assert (out / "checkpoint-1" / "mimesis_state" / "COMPLETE").exists()
     # 2. resumed, then killed while simulating the held-out turns of the next evaluation
