@@ -1,0 +1,46 @@
+"""The user simulator: a causal LM that writes the next user turn (prompt format: docs/prompt-format.md).
+
+- `generator.prompts`: role-flipped prompts, `END_MARKER`, `render_prompt`, `target_text`, `strip_end_marker`.
+- `generator.model.load_generator(name_or_path, lora=None, ...)`: model and left-padding tokenizer.
+- `generator.sample`: `generate_user_turns` (batched), `simulate_records`, `simulate_conversations` against a
+  `LocalAssistant` or an `OpenAIAssistant`.
+- `generator.sft`: SFT warm start on real user turns (`run_sft`, `heldout_perplexity`); CLI `python -m generator.sft`.
+- `generator.diagnostics.realism_diagnostics(sim, real)`; per-turn `assistant_likeness_score`, `copy_score`.
+- `generator.data`: turn records with end labels that hold across ShareGPT's conversation parts.
+- CLI `python -m generator.simulate`: simulated turn records paired with the real ones.
+
+Names are imported lazily, so `import generator.prompts` or `generator.diagnostics` never loads torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "END_MARKER": "generator.prompts",
+    "PROMPT_FORMAT_VERSION": "generator.prompts",
+    "render_prompt": "generator.prompts",
+    "simulator_messages": "generator.prompts",
+    "strip_end_marker": "generator.prompts",
+    "target_text": "generator.prompts",
+    "LoraSettings": "generator.model",
+    "load_generator": "generator.model",
+    "generate_user_turns": "generator.sample",
+    "simulate_records": "generator.sample",
+    "simulate_conversations": "generator.sample",
+    "simulate_conversation": "generator.sample",
+    "LocalAssistant": "generator.sample",
+    "OpenAIAssistant": "generator.sample",
+    "SFTArgs": "generator.sft",
+    "run_sft": "generator.sft",
+    "heldout_perplexity": "generator.sft",
+    "realism_diagnostics": "generator.diagnostics",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'generator' has no attribute {name!r}")

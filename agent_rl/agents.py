@@ -1,0 +1,228 @@
+"""Agents: the reference scripted agents and an LM policy, all behind `act(views) -> texts` for a batch of episodes.
+
+Specs (`load_agent(spec)`): `scripted:oracle` (privileged: knows the hidden task, elicits it the way the reward code
+credits; scores the maximum against the oracle user), `scripted:random` (uses nothing hidden), `hf:MODEL` (asset name,
+model id or path) or a bare path to an agent checkpoint (a LoRA adapter folder, e.g. a training checkpoint, or a full
+model folder).
+
+The LM policy keeps each episode as one growing token sequence: the first prompt is the chat template of the system
+prompt and the opening; after that, the agent's sampled tokens are appended as they were sampled, and each observation
+is appended as the template's turn separator + the user's text + the generation prompt (`ChatTurnFormat`). The model
+is fed exactly these ids at every turn, so the sequence that training scores is the one that was sampled, token for
+token, and the observation tokens can be masked out (`env_mask` 0).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+from conversations import DataError
+
+from agent_rl.gyms import Task, get_gym
+
+
+@dataclass
+class EpisodeView:
+    uid: int  # unique within one rollout run
+    gym: str
+    task: Task  # the scripted oracle reads the hidden part; LM agents see only `messages`
+    turn: int  # agent turns taken so far
+    seed: int
+    messages: list[dict[str, str]]  # the agent's chat so far: system, opening, then agent turns and observations
+
+
+class Agent(Protocol):
+    spec: str
+
+    def act(self, views: Sequence[EpisodeView]) -> list[str]:
+        """The next agent turn (tagged text) for each episode, in order (one batch)."""
+
+    def end_episode(self, uid: int) -> None:
+        """The episode is over: drop its state."""
+
+
+class ScriptedAgent:
+    def __init__(self, mode: str, seed: int = 0):
+        if mode not in ("oracle", "random"):
+            raise DataError(f"unknown scripted agent '{mode}'; use scripted:oracle or scripted:random")
+        self.mode, self.seed, self.spec = mode, seed, f"scripted:{mode}"
+
+    def act(self, views):
+        out = []
+        for v in views:
+            gym = get_gym(v.gym)
+            if self.mode == "oracle":
+                out.append(gym.oracle_turn(v.task, v.turn))
+            else:
+                # a string seed hashes deterministically (sha512): same episode and turn, same move, on any machine
+                rng = random.Random(f"{self.seed}/{v.task.key()}/{v.seed}/{v.turn}")
+                out.append(gym.random_turn(v.task, rng, v.turn))
+        return out
+
+    def end_episode(self, uid):
+        pass
+
+
+class ChatTurnFormat:
+    """How the chat template joins an agent turn to the next observation, found once by rendering a probe
+    conversation: `between` closes the agent's turn and opens a user turn; `tail` closes it and opens the agent's."""
+
+    def __init__(self, tokenizer):
+        probe = [
+            {"role": "system", "content": "S"},
+            {"role": "user", "content": "U"},
+            {"role": "assistant", "content": "AGENTTURN"},
+            {"role": "user", "content": "OBSERVATION"},
+        ]
+        text = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True)
+        a_end = text.index("AGENTTURN") + len("AGENTTURN")
+        o_start = text.index("OBSERVATION")
+        self.between = text[a_end:o_start]
+        self.tail = text[o_start + len("OBSERVATION") :]
+        self.eos_text = tokenizer.eos_token or ""
+        self.tokenizer = tokenizer
+
+    def observation_ids(self, observation: str, agent_closed: bool) -> list[int]:
+        """Tokens that follow an agent turn: separator, observation, generation prompt. When the agent's turn already
+        ended with the eos token (`agent_closed`), the template's own closing eos is not repeated."""
+        between = self.between
+        if agent_closed and self.eos_text and between.startswith(self.eos_text):
+            between = between[len(self.eos_text) :]
+        return self.tokenizer(between + observation + self.tail, add_special_tokens=False)["input_ids"]
+
+
+@dataclass
+class EpisodeTokens:
+    """One episode as the policy saw it. `ids[:prompt_len]` is the first prompt; after it, `mask` is 1 on tokens the
+    agent sampled and 0 on observation tokens; `turn_of` gives each of those tokens' agent turn (-1: observation)."""
+
+    ids: list[int]
+    prompt_len: int
+    mask: list[int] = field(default_factory=list)
+    turn_of: list[int] = field(default_factory=list)
+    turns: int = 0
+    closed: bool = True  # the last agent turn ended with eos
+
+    @property
+    def completion_ids(self) -> list[int]:
+        return self.ids[self.prompt_len :]
+
+
+class PolicyAgent:
+    """A causal LM agent. Batched: one `generate` for all live episodes (left-padded, up to `batch_size` at once)."""
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        spec: str = "policy",
+        *,
+        max_new_tokens: int = 64,
+        temperature: float = 0.7,
+        top_p: float = 0.95,
+        batch_size: int = 16,
+        max_seq_len: int = 4096,
+        seed: int = 0,
+        record: bool = False,
+    ):
+        from generator.sample import stop_token_ids
+
+        self.model, self.tokenizer, self.spec = model, tokenizer, spec
+        self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
+        self.batch_size, self.max_seq_len, self.seed, self.record = batch_size, max_seq_len, seed, record
+        self.format = ChatTurnFormat(tokenizer)
+        self.stops = set(stop_token_ids(tokenizer, model))
+        self.seqs: dict[int, EpisodeTokens] = {}
+        self.calls = 0
+
+    def _sync(self, v: EpisodeView) -> EpisodeTokens:
+        seq = self.seqs.get(v.uid)
+        if seq is None:
+            enc = self.tokenizer.apply_chat_template(v.messages, add_generation_prompt=True, return_dict=True)
+            ids = enc["input_ids"]
+            seq = self.seqs[v.uid] = EpisodeTokens(ids=list(ids), prompt_len=len(ids))
+        elif seq.turns < v.turn:
+            obs = v.messages[-1]
+            if obs["role"] != "user":
+                raise DataError("the agent's chat must end with an observation (a user message) before its turn")
+            new = self.format.observation_ids(obs["content"], seq.closed)
+            seq.ids += new
+            seq.mask += [0] * len(new)
+            seq.turn_of += [-1] * len(new)
+            seq.turns = v.turn
+        if len(seq.ids) + self.max_new_tokens > self.max_seq_len:
+            raise DataError(
+                f"episode {v.uid} ({v.gym}) needs {len(seq.ids) + self.max_new_tokens} tokens, over max_seq_len "
+                f"{self.max_seq_len}: lower the turn limit or max_new_tokens"
+            )
+        return seq
+
+    def act(self, views):
+        import torch
+
+        seqs = [self._sync(v) for v in views]
+        texts: list[str] = []
+        was_training = self.model.training
+        self.model.eval()  # no dropout while sampling
+        device = next(self.model.parameters()).device
+        pad = self.tokenizer.pad_token_id
+        try:
+            with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []), torch.no_grad():
+                self.calls += 1
+                torch.manual_seed(self.seed + 104729 * self.calls)
+                for start in range(0, len(seqs), self.batch_size):
+                    chunk = seqs[start : start + self.batch_size]
+                    width = max(len(s.ids) for s in chunk)
+                    input_ids = torch.tensor([[pad] * (width - len(s.ids)) + s.ids for s in chunk], device=device)
+                    attn = torch.tensor([[0] * (width - len(s.ids)) + [1] * len(s.ids) for s in chunk], device=device)
+                    kw = dict(do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=0)
+                    if not self.temperature:
+                        kw = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+                    out = self.model.generate(
+                        input_ids=input_ids,  # (B, width), left-padded
+                        attention_mask=attn,
+                        max_new_tokens=self.max_new_tokens,
+                        eos_token_id=sorted(self.stops),
+                        pad_token_id=pad,
+                        **kw,
+                    )
+                    for s, row in zip(chunk, out[:, width:].tolist()):  # (B, T_new)
+                        cut = next((k for k, t in enumerate(row) if t in self.stops), None)
+                        new = row[: cut + 1] if cut is not None else row  # keep the stop token: the policy sampled it
+                        s.closed = cut is not None and row[cut] == self.tokenizer.eos_token_id
+                        s.turn_of += [s.turns] * len(new)
+                        s.ids += new
+                        s.mask += [1] * len(new)
+                        texts.append(self.tokenizer.decode(new, skip_special_tokens=True).strip())
+        finally:
+            if was_training:
+                self.model.train()
+        return texts
+
+    def end_episode(self, uid):
+        if not self.record:
+            self.seqs.pop(uid, None)
+
+    def pop_record(self, uid) -> EpisodeTokens:
+        return self.seqs.pop(uid)
+
+
+def load_agent(spec: str, *, seed: int = 0, device: str | None = None, **policy_kw) -> Agent:
+    """An agent from its spec (see the module docstring). `policy_kw` go to `PolicyAgent` (max_new_tokens, ...)."""
+    from pathlib import Path
+
+    kind, sep, rest = spec.partition(":")
+    if kind == "scripted" and sep:
+        return ScriptedAgent(rest, seed=seed)
+    if kind == "hf" and sep:
+        path = rest
+    elif Path(spec).exists():
+        path = spec
+    else:
+        raise DataError(f"unknown agent '{spec}'; use scripted:oracle, scripted:random, hf:MODEL or a checkpoint path")
+    from generator.model import load_generator
+
+    model, tok = load_generator(path, device=device)  # a LoRA adapter folder is merged into its base here
+    return PolicyAgent(model, tok, spec, seed=seed, **policy_kw)

@@ -1,0 +1,63 @@
+"""Scores, confidence intervals and the paired bootstrap, on episode returns.
+
+UserRL's score: per gym, the mean over episodes of the summed turn rewards x 100; overall = the mean over gyms
+(unweighted). CIs are 95% percentile bootstraps with a fixed seed; the overall one resamples episodes within each gym
+(stratified), so every resample keeps all gyms.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+SCALE = 100.0
+N_BOOT = 2000
+ALPHA = 0.05
+
+
+def _ci(samples: np.ndarray) -> tuple[float, float]:
+    lo, hi = np.quantile(samples, [ALPHA / 2, 1 - ALPHA / 2])
+    return float(lo), float(hi)
+
+
+def mean_ci(values: Sequence[float], seed: int = 0, n_boot: int = N_BOOT) -> tuple[float, float, float]:
+    """(mean, ci_low, ci_high) of `values` x 100."""
+    v = np.asarray(values, dtype=float) * SCALE
+    if v.size == 0:
+        return float("nan"), float("nan"), float("nan")
+    if v.size == 1:
+        return float(v[0]), float(v[0]), float(v[0])
+    rng = np.random.default_rng(seed)
+    boots = v[rng.integers(0, v.size, size=(n_boot, v.size))].mean(axis=1)  # (n_boot,)
+    return (float(v.mean()), *_ci(boots))
+
+
+def overall_ci(per_gym: Mapping[str, Sequence[float]], seed: int = 0, n_boot: int = N_BOOT):
+    """(mean over gyms of the per-gym mean, ci_low, ci_high), x 100, stratified bootstrap."""
+    gyms = [np.asarray(v, dtype=float) * SCALE for v in per_gym.values() if len(v)]
+    if not gyms:
+        return float("nan"), float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    point = float(np.mean([g.mean() for g in gyms]))
+    boots = np.mean([g[rng.integers(0, g.size, size=(n_boot, g.size))].mean(axis=1) for g in gyms], axis=0)
+    return (point, *_ci(boots))
+
+
+def paired_delta_ci(per_gym_pairs: Mapping[str, tuple[Sequence[float], Sequence[float]]], seed: int = 0,
+                    n_boot: int = N_BOOT):
+    """Overall delta (B - A) x 100 with a paired bootstrap CI: per gym, the same resampled task indices for both
+    agents, so the task-to-task spread (which both agents share) cancels out of the interval."""
+    diffs = []
+    for a, b in per_gym_pairs.values():
+        a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+        if a.shape != b.shape:
+            raise ValueError("paired values must have the same length")
+        if a.size:
+            diffs.append((b - a) * SCALE)
+    if not diffs:
+        return float("nan"), float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    point = float(np.mean([d.mean() for d in diffs]))
+    boots = np.mean([d[rng.integers(0, d.size, size=(n_boot, d.size))].mean(axis=1) for d in diffs], axis=0)
+    return (point, *_ci(boots))

@@ -1,0 +1,294 @@
+"""Multi-turn GRPO for the agent against a user simulator, on TRL's `rollout_func` + `env_mask`, with LoRA.
+
+    accelerate launch agent_rl/train.py --simulator frozen:DIR [--gyms travel,function] [--config configs/agent.yaml]
+
+Each GRPO step: the dataset yields (gym, task) rows, TRL repeats each `num_generations` times; `AgentRollout` plays all
+of them in lock step (agent batch -> tags parsed -> one simulator batch -> finished episodes drop out) and returns, per
+episode, the first prompt's ids, everything after it as the "completion" (agent turns and user turns interleaved) with
+`env_mask` 0 on the user's tokens (never trained on), the trajectory score (the GRPO reward, normalised within each
+group by TRL) and per-token turn credits, which `MultiTurnGRPOTrainer` multiplies into the advantages ((B,) -> (B, T)).
+Per-gym episode returns are logged as `agent/return/<gym>`.
+
+Config: `AgentRLArgs` below plus every `trl.GRPOConfig` field, from `--config FILE.yaml` and `--key value` overrides.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file (accelerate launch agent_rl/train.py): import the package, not siblings
+    _root = str(Path(__file__).resolve().parents[1])
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+    sys.path.insert(0, _root)
+
+import json  # noqa: E402
+import logging  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from typing import Any  # noqa: E402
+
+from conversations.cli_util import friendly_errors  # noqa: E402
+from conversations.config import ConfigError, dump_config, parse_config  # noqa: E402
+
+from agent_rl.credit import TRAJECTORY_SCORES, TURN_CREDITS, trajectory_score, turn_credits  # noqa: E402
+
+log = logging.getLogger("agent_rl.train")
+
+
+@dataclass
+class AgentRLArgs:
+    """What is specific to agent RL; the optimiser, batch and GRPO settings are GRPOConfig's."""
+
+    agent_model: str = field(default="smollm2-135m-instruct", metadata={"help": "agent base: asset name, id or path"})
+    simulator: str = field(
+        default="scripted:oracle",
+        metadata={"help": "the user simulator: frozen:DIR, hf:MODEL, openai:MODEL@URL, scripted:oracle|terse"},
+    )
+    gyms: str = field(default="all", metadata={"help": "comma-separated gyms to train on, or 'all'"})
+    tasks_per_gym: int = field(default=0, metadata={"help": "use the first N train tasks of each gym (0: all)"})
+    max_turns: int = field(default=0, metadata={"help": "turn limit for every gym (0: each gym's own)"})
+    turn_credit: str = field(default="equal", metadata={"help": "equal | r2g (see agent_rl/credit.py)"})
+    trajectory_score: str = field(default="sum", metadata={"help": "sum | r2g: the score GRPO normalises per group"})
+    gamma: float = field(default=0.8, metadata={"help": "discount for r2g credits and scores"})
+    format_bonus: float = field(
+        default=0.0,
+        metadata={"help": "added to the trajectory score x the fraction of well-formed (tagged) agent turns; a "
+                          "training-only shaping term for agents that have not been taught the protocol (0: off)"},
+    )
+    agent_max_new_tokens: int = field(default=48, metadata={"help": "token limit of one agent turn"})
+    agent_temperature: float = field(default=1.0, metadata={"help": "agent sampling temperature during rollouts"})
+    agent_top_p: float = 1.0
+    max_seq_len: int = field(default=2048, metadata={"help": "an episode's token limit (prompt + all turns)"})
+    user_max_new_tokens: int = field(default=48, metadata={"help": "token limit of one simulated user turn"})
+    user_temperature: float = 0.7
+    user_top_p: float = 0.95
+    user_batch_size: int = 32
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    torch_threads: int = field(default=0, metadata={"help": "torch intra-op threads (0: torch's default)"})
+
+    def __post_init__(self):
+        from agent_rl.gyms import resolve_gyms
+
+        if self.turn_credit not in TURN_CREDITS:
+            raise ConfigError(f"turn_credit must be one of {TURN_CREDITS}, got '{self.turn_credit}'")
+        if self.trajectory_score not in TRAJECTORY_SCORES:
+            raise ConfigError(f"trajectory_score must be one of {TRAJECTORY_SCORES}, got '{self.trajectory_score}'")
+        if not 0 < self.gamma <= 1:
+            raise ConfigError(f"gamma must be in (0, 1], got {self.gamma}")
+        if self.format_bonus < 0:
+            raise ConfigError(f"format_bonus must be >= 0, got {self.format_bonus}")
+        for name in ("agent_max_new_tokens", "user_max_new_tokens", "max_seq_len", "lora_r", "user_batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_turns < 0 or self.tasks_per_gym < 0:
+            raise ConfigError("max_turns and tasks_per_gym must be >= 0 (0: no override)")
+        self.gym_list = resolve_gyms(self.gyms)
+
+
+def _settings(args: AgentRLArgs, seed: int):
+    from agent_rl.users import LMSettings
+
+    return LMSettings(
+        max_new_tokens=args.user_max_new_tokens,
+        temperature=args.user_temperature,
+        top_p=args.user_top_p,
+        batch_size=args.user_batch_size,
+        seed=seed,
+    )
+
+
+def build_dataset(args: AgentRLArgs):
+    """One row per (gym, train task): the agent's first messages (what TRL logs as the prompt; the rollout rebuilds
+    the episode from the task) plus the keys that find the task again."""
+    from datasets import Dataset
+
+    from agent_rl.gyms import GymEnv, get_gym
+
+    rows = []
+    for g in args.gym_list:
+        for t in get_gym(g).tasks("train")[: args.tasks_per_gym or None]:
+            env = GymEnv(g)
+            env.reset(task=t)
+            rows.append({"prompt": env.messages, "gym": g, "task_id": t.id})
+    return Dataset.from_list(rows)
+
+
+class AgentRollout:
+    """TRL `rollout_func`: plays one episode per (repeated) prompt in lock step and returns token ids, `env_mask`,
+    per-token turn credits and the trajectory score for each."""
+
+    def __init__(self, args: AgentRLArgs, simulator, tokenizer):
+        self.args, self.simulator, self.tokenizer = args, simulator, tokenizer
+        self.last_results: list = []  # the latest step's episodes and output, for tests and debugging
+        self.last_output: dict = {}
+
+    def __call__(self, prompts: list, trainer) -> dict[str, Any]:
+        from trl.models import unwrap_model_for_generation
+
+        from agent_rl.agents import PolicyAgent
+        from agent_rl.gyms import get_gym
+        from agent_rl.rollout import EpisodeSpec, run_episodes
+
+        a = self.args
+        inputs = trainer._rollout_inputs  # the rows behind `prompts`, same order (set by MultiTurnGRPOTrainer)
+        if inputs is None or len(inputs) != len(prompts):
+            raise RuntimeError("AgentRollout must run under MultiTurnGRPOTrainer (it needs each prompt's task)")
+        step, rank = trainer.state.global_step, trainer.accelerator.process_index
+        specs = [
+            EpisodeSpec(x["gym"], get_gym(x["gym"]).get_task(x["task_id"]), step * 100_003 + i, a.max_turns or None)
+            for i, x in enumerate(inputs)
+        ]
+        with unwrap_model_for_generation(
+            trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=trainer.args.ds3_gather_for_generation
+        ) as model:
+            agent = PolicyAgent(
+                model,
+                self.tokenizer,
+                max_new_tokens=a.agent_max_new_tokens,
+                temperature=a.agent_temperature,
+                top_p=a.agent_top_p,
+                batch_size=max(1, len(specs)),
+                max_seq_len=a.max_seq_len,
+                # differs per step and per process: the same task must not replay the same random stream
+                seed=trainer.args.seed + 1_000_003 * rank + 7_919 * step,
+                record=True,
+            )
+            results = run_episodes(agent, self.simulator, specs)
+        self.last_results = results
+        out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "env_mask", "turn_credit",
+                                                "trajectory_score", "episode_return", "episode_turns", "format_ok")}
+        for i, r in enumerate(results):
+            rec = agent.pop_record(i)
+            credits = turn_credits(r.turn_rewards, a.turn_credit, a.gamma)  # one weight per agent turn
+            out["prompt_ids"].append(rec.ids[: rec.prompt_len])
+            out["completion_ids"].append(rec.completion_ids)
+            out["env_mask"].append(rec.mask)  # 1: the agent sampled it; 0: the user's turn (and template glue)
+            out["turn_credit"].append([credits[t] if t >= 0 else 0.0 for t in rec.turn_of])
+            format_ok = 1.0 - r.format_errors / max(1, r.turns)  # share of tagged agent turns
+            score = trajectory_score(r.turn_rewards, a.trajectory_score, a.gamma) + a.format_bonus * format_ok
+            out["trajectory_score"].append(score)
+            out["episode_return"].append(r.total)
+            out["episode_turns"].append(r.turns)
+            out["format_ok"].append(format_ok)
+        out["logprobs"] = None  # TRL recomputes log-probs itself; sampling ones matter only for vLLM correction
+        self.last_output = out
+        return out
+
+
+def trajectory_reward(completions, trajectory_score, episode_return, gym, episode_turns, format_ok, log_metric=None,
+                      **_):
+    """The GRPO reward: each episode's trajectory score (computed in the rollout). Logs per-gym returns (the task
+    reward alone, without any format bonus), turns and the share of tagged turns."""
+    if log_metric is not None:
+        for g, ret in zip(gym, episode_return):
+            log_metric(f"agent/return/{g}", float(ret))
+        for n, ok in zip(episode_turns, format_ok):
+            log_metric("agent/turns", float(n))
+            log_metric("agent/format_ok", float(ok))
+    return [float(s) for s in trajectory_score]
+
+
+def _trainer_class():
+    import torch
+    from trl import GRPOTrainer
+    from trl.trainer.utils import pad
+
+    class MultiTurnGRPOTrainer(GRPOTrainer):
+        """GRPOTrainer whose rollout function sees each prompt's row, and whose advantages carry turn credits."""
+
+        _rollout_inputs = None
+
+        def _generate_and_score_completions(self, inputs):
+            self._rollout_inputs = inputs
+            try:
+                out = super()._generate_and_score_completions(inputs)
+            finally:
+                self._rollout_inputs = None
+            # the rollout's extra fields were merged into `inputs`; credits are 0 on user tokens (masked anyway)
+            credit = pad(
+                [torch.tensor(x["turn_credit"], dtype=torch.float32) for x in inputs],
+                padding_value=0.0,
+                padding_side="right",
+                pad_to_multiple_of=self.pad_to_multiple_of,
+            ).to(out["advantages"].device)  # (B, T)
+            width = out["completion_ids"].shape[1]
+            if credit.shape[1] < width:
+                credit = torch.nn.functional.pad(credit, (0, width - credit.shape[1]))
+            out["advantages"] = out["advantages"].unsqueeze(1) * credit[:, :width]  # (B,) -> (B, T)
+            return out
+
+    return MultiTurnGRPOTrainer
+
+
+def train(args: AgentRLArgs, grpo, callbacks: list | None = None):
+    """Run agent RL. Returns (summary, trainer); the summary is also written to OUTPUT_DIR/agent_rl.json and the
+    LoRA adapter (plus tokenizer) to OUTPUT_DIR, loadable as an agent: `--agent OUTPUT_DIR`."""
+    import torch
+    from peft import LoraConfig
+
+    from generator.model import load_generator
+
+    from agent_rl.users import load_simulator
+
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    if grpo.per_device_train_batch_size * max(1, grpo.gradient_accumulation_steps) % grpo.num_generations:
+        raise ConfigError(
+            "per_device_train_batch_size x gradient_accumulation_steps must be a multiple of num_generations"
+        )
+    simulator = load_simulator(args.simulator, _settings(args, grpo.seed))
+    model, tokenizer = load_generator(args.agent_model)
+    dataset = build_dataset(args)
+    rollout = AgentRollout(args, simulator, tokenizer)
+    lora = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
+                      target_modules="all-linear", task_type="CAUSAL_LM")
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    trainer = _trainer_class()(
+        model=model,
+        reward_funcs=[trajectory_reward],
+        args=grpo,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=lora,
+        rollout_func=rollout,
+        callbacks=callbacks,
+    )
+    trainer.train()
+    trainer.save_model(grpo.output_dir)
+    history = [h for h in trainer.state.log_history if "loss" in h]
+    summary = {
+        "output_dir": grpo.output_dir,
+        "agent_model": args.agent_model,
+        "simulator": args.simulator,
+        "simulator_manifest": {
+            k: v for k, v in (getattr(simulator, "manifest", None) or {}).items()
+            if k in ("base_model", "warm_start", "data_fingerprint", "best", "prompt_format_version", "created")
+        },
+        "gyms": args.gym_list,
+        "steps": trainer.state.global_step,
+        "log_history": history,
+    }
+    if trainer.accelerator.is_main_process:
+        Path(grpo.output_dir).mkdir(parents=True, exist_ok=True)
+        dump_config({"agent_rl": args, "grpo": grpo}, Path(grpo.output_dir) / "agent_rl_config.json")
+        (Path(grpo.output_dir) / "agent_rl.json").write_text(json.dumps(summary, indent=2, default=str))
+    return summary, trainer
+
+
+@friendly_errors
+def main(argv: list[str] | None = None) -> int:
+    from trl import GRPOConfig
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args, grpo = parse_config((AgentRLArgs, GRPOConfig), argv, prog="agent_rl/train.py")
+    summary, _ = train(args, grpo)
+    last = summary["log_history"][-1] if summary["log_history"] else {}
+    print(json.dumps({"output_dir": summary["output_dir"], "steps": summary["steps"], "last": last}, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

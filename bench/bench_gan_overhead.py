@@ -1,0 +1,283 @@
+"""GAN overhead: the adversarial GRPO step against a bare TRL GRPO step, same model, batch and lengths, one process.
+
+    python bench/bench_gan_overhead.py            # SmolLM2-135M + MiniLM-L6, the demo's batch and lengths
+    python bench/bench_gan_overhead.py --tiny     # tiny random models, a fast check of the benchmark itself
+
+Two GRPOTrainers are built in one process from the demo preset (`--config`): the bare one with a constant reward,
+the adversarial one as the main job builds it (`adversary.loop.build_trainer`: `adversary.reward.build_rewards`
+with the NeuralDiscriminator, replay buffer, `CoTrainCallback` at the preset's cadence `d_every`/`d_steps`,
+FaultGuard), less the held-out meter (measured by bench_default_run.py) and the checkpoint callbacks. The
+discriminator gets the job's initial fit first, so its accuracy, and with it the number of co-training updates,
+is that of a real run's first steps.
+
+A step is timed from `on_step_begin` to `on_step_end` of a callback registered last (so it includes generation,
+rewards, the optimiser step and the co-training update that runs in `on_step_end`). Both trainers run in alternating
+chunks (ABBA order: bare-adv, adv-bare, ...), the first step of every chunk and one whole warm-up round are dropped,
+and completions are forced to the full `max_completion_length` (min_new_tokens) so both arms generate and train on
+exactly the same number of tokens (`--natural_lengths` turns that off). The ratio is median(adversarial step) /
+median(bare step). Target: <= 1.10.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import ROOT, emit, iqr, log, median, r  # noqa: E402
+
+TARGET = 1.10
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--config", default=str(ROOT / "configs" / "demo.yaml"), help="preset whose models, batch and lengths are used")
+    p.add_argument("--tiny", action="store_true", help="tiny-random generator and encoder (fast; not the default's numbers)")
+    p.add_argument("--rounds", type=int, default=None, help="measured rounds (each: one chunk per arm); default 4, 3 with --tiny")
+    p.add_argument("--chunk", type=int, default=3, help="steps per chunk; the first of each is dropped")
+    p.add_argument("--disc_init_items", type=int, default=None, help="items of the discriminator's initial fit (default: the preset's)")
+    p.add_argument("--natural_lengths", action="store_true", help="let completions stop at end-of-turn (lengths then differ by arm)")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    rounds = a.rounds or (3 if a.tiny else 4)
+    if a.chunk < 2:
+        p.error("--chunk must be >= 2 (the first step of each chunk is dropped)")
+
+    from adversary.train import parse_args, quiet_libraries
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench_gan."))
+    overrides = ["--output_dir", str(tmp), "--report_to", "none", "--logging_steps", "100000", "--save_strategy", "no",
+                 "--max_steps", str(a.chunk), "--disable_tqdm", "true", "--seed", str(a.seed)]
+    if a.tiny:
+        overrides += ["--model", "tiny-random", "--discriminator", "tiny-random-encoder"]
+    if a.disc_init_items:
+        overrides += ["--disc_init_items", str(a.disc_init_items)]
+    cfg, args = parse_args(["--config", a.config, *overrides])
+    if not a.natural_lengths:
+        args.generation_kwargs = {**(args.generation_kwargs or {}), "min_new_tokens": args.max_completion_length}
+    quiet_libraries()
+
+    try:
+        bare, adv, timers, probes, disc_info = build(cfg, args)
+        order = []
+        for rnd in range(rounds + 1):  # round 0 warms both arms up and is dropped
+            pair = [("bare", bare), ("adversarial", adv)]
+            if rnd % 2:
+                pair.reverse()
+            for name, trainer in pair:
+                timers[name].round = rnd
+                if name == "adversarial":
+                    probes.reset()
+                t0 = time.perf_counter()
+                trainer.train()
+                order.append(name)
+                log(f"round {rnd} {name:11s}: {a.chunk} steps in {time.perf_counter() - t0:.1f}s "
+                    f"(steps {', '.join(f'{t:.2f}' for t in timers[name].current)})")
+        samples = {k: t.measured() for k, t in timers.items()}
+        med = {k: median(v) for k, v in samples.items()}
+        ratio = med["adversarial"] / med["bare"]
+        # paired by round: each round's adversarial median over the same round's bare median
+        per_round = []
+        for rnd in range(1, rounds + 1):
+            b = [t for rr, t in timers["bare"].by_round if rr == rnd]
+            d = [t for rr, t in timers["adversarial"].by_round if rr == rnd]
+            if b and d:
+                per_round.append(median(d) / median(b))
+        comp = probes.per_step()
+        emit({
+            "bench": "gan_overhead",
+            "config": str(Path(a.config).resolve().relative_to(ROOT)) if Path(a.config).resolve().is_relative_to(ROOT) else a.config,
+            "tiny": a.tiny,
+            "model": cfg.model,
+            "discriminator": cfg.discriminator,
+            "per_device_train_batch_size": args.per_device_train_batch_size,
+            "num_generations": args.num_generations,
+            "max_completion_length": args.max_completion_length,
+            "forced_full_length": not a.natural_lengths,
+            "d_every": cfg.d_every,
+            "d_steps": cfg.d_steps,
+            "rounds": rounds,
+            "steps_per_chunk": a.chunk,
+            "samples_per_arm": {k: len(v) for k, v in samples.items()},
+            "median_step_s_bare": r(med["bare"]),
+            "median_step_s_adversarial": r(med["adversarial"]),
+            "iqr_step_s_bare": [r(x) for x in iqr(samples["bare"])],
+            "iqr_step_s_adversarial": [r(x) for x in iqr(samples["adversarial"])],
+            "ratio": r(ratio),
+            "ratio_per_round": [r(x) for x in per_round],
+            # where the extra time goes, per adversarial step (medians over the measured steps)
+            "adv_seconds_per_step": {k: r(v) for k, v in comp.items()},
+            "disc_init": disc_info,
+            "disc_updates_per_round": probes.updates_per_round(),
+            "target": TARGET,
+            "meets": ratio <= TARGET,
+        })
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+class StepTimer:
+    """Seconds from on_step_begin to on_step_end, tagged with the round; the first step of each train() dropped."""
+
+    def __init__(self):
+        self.by_round: list[tuple[int, float]] = []
+        self.current: list[float] = []
+        self.round = 0
+        self._t0 = None
+
+    def callback(self):
+        from transformers import TrainerCallback
+
+        timer = self
+
+        class _CB(TrainerCallback):
+            def on_train_begin(self, args, state, control, **kw):
+                timer.current = []
+
+            def on_step_begin(self, args, state, control, **kw):
+                timer._t0 = time.perf_counter()
+
+            def on_step_end(self, args, state, control, **kw):
+                dt = time.perf_counter() - timer._t0
+                timer.current.append(dt)
+                if len(timer.current) > 1 and timer.round > 0:
+                    timer.by_round.append((timer.round, dt))
+
+        return _CB()
+
+    def measured(self) -> list[float]:
+        return [t for _, t in self.by_round]
+
+
+class Probes:
+    """Wall time inside the discriminator reward, the other reward terms and the co-training callback."""
+
+    def __init__(self):
+        self.samples: dict[str, list[float]] = {"disc_reward": [], "other_rewards": [], "cotrain": []}
+        self.step: dict[str, float] = {}
+        self.updates: list[int] = []
+        self.round_updates: dict[int, list[int]] = {}
+        self.round = 0
+
+    def reset(self):
+        self.step = {}
+
+    def add(self, key, dt):
+        self.step[key] = self.step.get(key, 0.0) + dt
+
+    def flush(self, measured: bool):
+        if measured:
+            for k in self.samples:
+                self.samples[k].append(self.step.get(k, 0.0))
+        self.step = {}
+
+    def per_step(self) -> dict:
+        return {k: median(v) for k, v in self.samples.items()}
+
+    def updates_per_round(self) -> dict:
+        return {str(k): v for k, v in sorted(self.round_updates.items())}
+
+
+def timed_reward(fn, probes: Probes, key: str):
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            probes.add(key, time.perf_counter() - t0)
+
+    wrapper.__name__ = fn.__name__
+    return wrapper
+
+
+def build(cfg, args):
+    """(bare trainer, adversarial trainer, step timers, probes, discriminator fit info)."""
+    import torch
+    from peft import LoraConfig
+    from transformers import TrainerCallback, set_seed
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+    from trl import GRPOTrainer
+
+    from adversary.cotrain import CoTrainCallback, FaultCounter, ReplayBuffer
+    from adversary.gate import PlateauGate
+    from adversary.loop import HeldoutGateCallback, QuietProgress, RunStateCallback, build_trainer, grpo_dataset
+    from adversary.stages import fit_discriminator, make_discriminator, prepare_data
+    from generator.model import load_generator
+
+    set_seed(args.seed)
+    data = prepare_data(cfg, args.seed)
+    log(f"data: {len(data.train)} train turns; models {cfg.model} + {cfg.discriminator}; "
+        f"batch {args.per_device_train_batch_size} x {args.max_completion_length} tokens; torch threads {torch.get_num_threads()}")
+
+    # the adversarial arm, as the main job builds it, with the job's initial discriminator fit
+    model_adv, tok = load_generator(cfg.model, trust_remote_code=args.trust_remote_code)
+    disc = make_discriminator(cfg, args.seed)
+    t0 = time.perf_counter()
+    fit = fit_discriminator(cfg, disc, model_adv, tok, data, args.seed)
+    disc_info = {"items": fit["disc/init_items"], "train_acc": r(fit["disc/init_train_acc"]),
+                 "seconds": r(time.perf_counter() - t0, 1)}
+    log(f"discriminator: initial fit on {disc_info['items']} items, train acc {disc_info['train_acc']} ({disc_info['seconds']}s)")
+    faults = FaultCounter(limit=10**9)
+    buffer = ReplayBuffer(size=cfg.replay_size, seed=args.seed)
+    gate = PlateauGate(patience=cfg.gate_patience, min_delta=cfg.gate_min_delta, target_td=cfg.gate_target_td,
+                       max_steps=None, smooth=cfg.gate_smooth)
+    adv_args = copy.deepcopy(args)
+    adv, heldout_cb, cotrain = build_trainer(cfg, adv_args, model_adv, tok, disc, data, gate=gate, rows=[],
+                                             buffer=buffer, faults=faults)
+    for cb in (HeldoutGateCallback, RunStateCallback, QuietProgress):  # the meter is bench_default_run.py's business
+        adv.remove_callback(cb)
+
+    probes = Probes()
+    adv.reward_funcs = [timed_reward(f, probes, "disc_reward" if i == 0 else "other_rewards")
+                        for i, f in enumerate(adv.reward_funcs)]
+    original_on_step_end = cotrain.on_step_end
+
+    def cotrain_timed(args_, state, control, **kw):
+        t0 = time.perf_counter()
+        out = original_on_step_end(args_, state, control, **kw)
+        probes.add("cotrain", time.perf_counter() - t0)
+        rnd = timers["adversarial"].round
+        probes.round_updates.setdefault(rnd, []).append(int(cotrain.last.get("disc/updates", 0)))
+        return out
+
+    cotrain.on_step_end = cotrain_timed
+
+    # the bare arm: same base weights, LoRA, dataset, batch and lengths; a constant reward, no callbacks of ours
+    model_bare, _ = load_generator(cfg.model, trust_remote_code=args.trust_remote_code)
+
+    def constant_reward(prompts, completions, **kwargs):
+        return [0.0] * len(completions)
+
+    bare_args = copy.deepcopy(args)
+    bare_args.reward_weights = None
+    peft_config = None
+    if cfg.lora_r > 0:
+        peft_config = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                                 target_modules="all-linear", task_type="CAUSAL_LM")
+    bare = GRPOTrainer(model=model_bare, reward_funcs=[constant_reward], args=bare_args,
+                       train_dataset=grpo_dataset(cfg, tok, data.train, args.seed), processing_class=tok,
+                       peft_config=peft_config)
+
+    timers = {"bare": StepTimer(), "adversarial": StepTimer()}
+    for name, trainer in (("bare", bare), ("adversarial", adv)):
+        for cb in (ProgressCallback, PrinterCallback):
+            trainer.remove_callback(cb)
+        trainer.add_callback(timers[name].callback())  # last: its on_step_end runs after the co-training update
+
+    class _Flush(TrainerCallback):  # after the timer: one probe sample per measured adversarial step
+        def on_step_end(self, args_, state, control, **kw):
+            t = timers["adversarial"]
+            probes.flush(measured=len(t.current) > 1 and t.round > 0)
+
+    adv.add_callback(_Flush())
+    return bare, adv, timers, probes, disc_info
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""Measure the Turing distance between real and simulated user turns.
+
+    python -m discriminator.evaluate --real REAL --simulated SIM [--detectors classical style neural] [--folds 5]
+        [--seed 0] --out report.json
+
+REAL and SIM: conversations in any format the data layer reads (every user turn becomes an item) or turn records
+`{id, context, user_turn}` (JSONL or a JSON array). The larger side is sampled down to the smaller one (fixed seed).
+Writes the report (definition and fields: docs/turing-distance.md) and prints it as a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from conversations import DataError, read_items
+from conversations.cli_util import friendly_errors
+from discriminator.turing import DEFAULT_PANEL, MIN_ITEMS, NEURAL_PANEL_DEFAULTS, detector_names, measure_td
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m discriminator.evaluate",
+        description="Turing distance (TD = |accuracy - 50|) of simulated against real user turns, measured "
+        "out-of-fold by a panel of fresh detectors. See docs/turing-distance.md.",
+    )
+    p.add_argument("--real", required=True, help="real (human) conversations or turn records")
+    p.add_argument("--simulated", required=True, help="simulated conversations or turn records")
+    p.add_argument("--format", default="auto", help="input format for both files (default: auto-detect)")
+    p.add_argument(
+        "--detectors", nargs="+", default=list(DEFAULT_PANEL),
+        help=f"detector panel, space or comma separated (default: {' '.join(DEFAULT_PANEL)}; "
+        f"available: {', '.join(detector_names())}); 'classical style' alone takes seconds",
+    )
+    p.add_argument("--folds", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples for the 95%% interval")
+    p.add_argument("--backbone", default=None, help="neural detector backbone (default: minilm-l6)")
+    p.add_argument("--epochs", type=int, default=None, help=f"neural epochs (default {NEURAL_PANEL_DEFAULTS['epochs']})")
+    p.add_argument("--max-length", type=int, default=None, help="neural max tokens per item")
+    p.add_argument("--context-tokens", type=int, default=None, help="neural context budget (tokens, from the left)")
+    p.add_argument("--lora", action="store_true", help="train the neural detector with LoRA")
+    p.add_argument("--out", required=True, help="report.json path")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    return p
+
+
+def _load(path: str, fmt: str, side: str):
+    items = read_items(path, fmt)
+    if len(items) < MIN_ITEMS:
+        raise DataError(f"only {len(items)} {side} user turn(s); the meter needs at least {MIN_ITEMS} on each side", path)
+    return items
+
+
+def _fmt(x, spec: str = ".1f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def format_table(report: dict) -> str:
+    lo, hi = report["turing_distance_ci95"]
+    lines = [
+        f"Turing distance {report['turing_distance']:.1f}  [95% CI {lo:.1f}, {hi:.1f}]  "
+        f"(headline: {report['headline_detector']}; signed {report['signed']:+.1f}, AUC {report['auc']:.3f})",
+        f"n_real {report['n_real']} (of {report['n_real_input']}), n_simulated {report['n_simulated']} "
+        f"(of {report['n_simulated_input']}), {report['folds']} grouped folds, {report['n_groups']} groups, "
+        f"paired contexts {report['n_paired_contexts']}",
+        "",
+        f"{'detector':<12}{'accuracy':>9}{'AUC':>8}{'TD':>7}{'TD 95% CI':>16}{'signed':>8}{'paired':>8}{'fit s':>8}",
+    ]
+    for name, d in report["detectors"].items():
+        ci = f"[{d['turing_distance_ci95'][0]:.1f}, {d['turing_distance_ci95'][1]:.1f}]"
+        lines.append(
+            f"{name:<12}{d['accuracy']:>9.1f}{d['auc']:>8.3f}{d['turing_distance']:>7.1f}{ci:>16}{d['signed']:>+8.1f}"
+            f"{_fmt(d['paired_accuracy']):>8}{d['fit_seconds']:>8.1f}"
+        )
+    return "\n".join(lines)
+
+
+@friendly_errors
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    detectors = [d for arg in args.detectors for d in arg.split(",") if d]
+    unknown = [d for d in detectors if d not in detector_names()]
+    if unknown:
+        raise DataError(f"unknown detector {unknown[0]!r} (choose from {', '.join(detector_names())})", "--detectors")
+    if args.folds < 2:
+        raise DataError(f"need at least 2 folds, got {args.folds}", "--folds")
+    neural_kwargs = {}
+    for key, val in (("backbone", args.backbone), ("epochs", args.epochs), ("max_length", args.max_length),
+                     ("context_tokens", args.context_tokens)):
+        if val is not None:
+            neural_kwargs[key] = val
+    if args.lora:
+        neural_kwargs["lora"] = True
+    real = _load(args.real, args.format, "real")
+    sim = _load(args.simulated, args.format, "simulated")
+    log = None if args.quiet else (lambda msg: print(f"[td] {msg}", file=sys.stderr, flush=True))
+    t0 = time.perf_counter()
+    report = measure_td(
+        real, sim, detectors=detectors, folds=args.folds, seed=args.seed, n_boot=args.n_boot,
+        neural_kwargs=neural_kwargs, progress=log,
+    )
+    report["seconds"] = round(time.perf_counter() - t0, 2)
+    report["inputs"] = {"real": str(args.real), "simulated": str(args.simulated)}
+    if "neural" in detectors:
+        report["neural_settings"] = {**NEURAL_PANEL_DEFAULTS, **neural_kwargs}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(format_table(report))
+    for w in report.get("warnings", []):
+        print(f"warning: {w}")
+    print(f"report: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

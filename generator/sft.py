@@ -1,0 +1,444 @@
+"""SFT warm start: fine-tune the simulator on real user turns with TRL's SFTTrainer, loss on the user side only.
+
+Each real turn becomes a prompt-completion example: the prompt is the role-flipped conversation (`fit_messages`,
+exactly what the simulator sees at sampling time), the completion the real user turn as the simulator's (assistant)
+message, with END_MARKER on the last turn of a conversation. TRL applies the chat template and, with
+`completion_only_loss`, masks the prompt. LoRA by default.
+
+    python -m generator.sft --config configs/sft.yaml [--max_steps 60 ...]
+
+prints a JSON summary: held-out perplexity of real user turns before and after, and where the model was saved.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from conversations import TurnRecord
+from conversations.cli_util import friendly_errors
+from conversations.config import ConfigError, parse_config, to_jsonable
+from conversations.schema import DataError
+from generator.prompts import END_MARKER, PROMPT_FORMAT_VERSION, fit_messages, target_text
+
+log = logging.getLogger(__name__)
+
+# room left for the template tokens around the completion (`<|im_start|>assistant\n`, `<|im_end|>\n`)
+_TEMPLATE_SLACK = 8
+_MIN_PROMPT_TOKENS = 64
+
+
+@dataclass
+class SFTArgs:
+    model: str = "smollm2-135m-instruct"
+    data: str = "sharegpt"
+    output_dir: str = "outputs/sft"
+    max_steps: int = 40
+    per_device_train_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 2e-4
+    lr_scheduler_type: str = "cosine"
+    warmup_ratio: float = 0.05
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    use_lora: bool = True
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    lora_target_modules: str = "all-linear"
+    # context: at most this many messages before the turn (None: all), and at most this many prompt tokens
+    max_context_messages: Optional[int] = 2
+    max_context_tokens: int = 256
+    # turns longer than this are left out (not cut: a cut turn would teach the simulator to stop mid-sentence)
+    max_turn_chars: Optional[int] = 500
+    # prompt + completion tokens
+    max_length: int = 512
+    skip_first: bool = False
+    # training turns drawn from the train split (None: max_steps x batch x accumulation, one pass)
+    train_turns: Optional[int] = None
+    # held-out real turns (val split) for the perplexity before and after
+    eval_turns: int = 128
+    eval_batch_size: int = 8
+    val_frac: float = 0.05
+    test_frac: float = 0.05
+    seed: int = 0
+    dtype: str = "auto"
+    device: Optional[str] = None
+    gradient_checkpointing: bool = False
+    logging_steps: int = 5
+    save_adapter: bool = True
+    # also save the adapter merged into the base: a plain model folder the next stage loads as is
+    save_merged: bool = True
+    trust_remote_code: bool = False
+
+    def __post_init__(self):
+        def need(ok: bool, msg: str):
+            if not ok:
+                raise ConfigError(msg)
+
+        need(self.max_steps >= 1, f"max_steps must be >= 1, got {self.max_steps}")
+        need(self.per_device_train_batch_size >= 1, "per_device_train_batch_size must be >= 1")
+        need(self.gradient_accumulation_steps >= 1, "gradient_accumulation_steps must be >= 1")
+        need(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}")
+        need(0 <= self.warmup_ratio < 1, f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        need(not self.use_lora or self.lora_r >= 1, f"lora_r must be >= 1 with use_lora, got {self.lora_r}")
+        need(0 <= self.lora_dropout < 1, f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        need(
+            self.max_context_messages is None or self.max_context_messages >= 0,
+            "max_context_messages must be >= 0 (or null for the whole context)",
+        )
+        need(self.max_turn_chars is None or self.max_turn_chars >= 1, "max_turn_chars must be >= 1 (or null)")
+        need(self.max_context_tokens >= _MIN_PROMPT_TOKENS, f"max_context_tokens must be >= {_MIN_PROMPT_TOKENS}")
+        need(
+            self.max_length > self.max_context_tokens,
+            f"max_length ({self.max_length}) must be larger than max_context_tokens ({self.max_context_tokens}) "
+            "to leave room for the user turn; raise max_length or lower max_context_tokens",
+        )
+        need(self.eval_turns >= 0, "eval_turns must be >= 0 (0 skips the perplexity)")
+        need(self.eval_batch_size >= 1, "eval_batch_size must be >= 1")
+        need(self.train_turns is None or self.train_turns >= 1, "train_turns must be >= 1 (or null)")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# examples
+
+
+def sft_example(
+    record: TurnRecord, tokenizer, *, max_context_tokens: int = 256, max_length: int | None = None
+) -> dict[str, list[dict[str, str]]]:
+    """One conversational prompt-completion example. The prompt budget shrinks when the turn is long, so prompt and
+    completion fit `max_length` and the turn (and its end marker) is never cut."""
+    target = target_text(record)
+    budget = max_context_tokens
+    if max_length is not None:
+        n_target = len(tokenizer(target, add_special_tokens=False)["input_ids"]) + _TEMPLATE_SLACK
+        budget = max(_MIN_PROMPT_TOKENS, min(budget, max_length - n_target))
+    prompt = fit_messages(
+        tokenizer, record.context, record.meta.get("persona"), record.meta.get("goal"), max_context_tokens=budget
+    )
+    return {"prompt": prompt, "completion": [{"role": "assistant", "content": target}]}
+
+
+def sft_examples(
+    records: Sequence[TurnRecord], tokenizer, *, max_context_tokens: int = 256, max_length: int | None = None
+) -> tuple[list[dict], int]:
+    """(examples, number left out). An example still longer than `max_length` after the prompt has shrunk (a turn
+    longer than the budget allows) is left out rather than cut: a cut would drop its end marker and end-of-turn."""
+    out, dropped = [], 0
+    for r in records:
+        ex = sft_example(r, tokenizer, max_context_tokens=max_context_tokens, max_length=max_length)
+        if max_length is not None and len(encode_example(tokenizer, ex)[0]) > max_length:
+            dropped += 1
+            continue
+        out.append(ex)
+    if dropped:
+        log.warning("%d of %d turns left out: longer than max_length=%s tokens", dropped, len(records), max_length)
+    return out, dropped
+
+
+def build_sft_dataset(records: Sequence[TurnRecord], tokenizer, *, max_context_tokens: int = 256, max_length: int | None = None):
+    """A `datasets.Dataset` of conversational prompt-completion examples (columns `prompt`, `completion`) that TRL's
+    SFTTrainer tokenizes with the chat template, masking the prompt out of the loss. Turns that cannot fit
+    `max_length` whole are left out."""
+    from datasets import Dataset
+
+    rows, _ = sft_examples(records, tokenizer, max_context_tokens=max_context_tokens, max_length=max_length)
+    if not rows:
+        raise DataError(f"no turn fits max_length={max_length} tokens; raise max_length or lower max_turn_chars")
+    return Dataset.from_list(rows)
+
+
+def encode_example(tokenizer, example: dict) -> tuple[list[int], list[int]]:
+    """(input_ids, completion_mask) the way TRL's SFTTrainer tokenizes a conversational prompt-completion example:
+    the completion starts where the tokenized prompt and prompt+completion first differ."""
+    prompt_ids = tokenizer.apply_chat_template(
+        example["prompt"], tokenize=True, return_dict=True, add_generation_prompt=True
+    )["input_ids"]
+    ids = tokenizer.apply_chat_template(example["prompt"] + example["completion"], tokenize=True, return_dict=True)[
+        "input_ids"
+    ]
+    n = 0
+    while n < min(len(prompt_ids), len(ids)) and prompt_ids[n] == ids[n]:
+        n += 1
+    return list(ids), [0] * n + [1] * (len(ids) - n)
+
+
+def heldout_perplexity(
+    model,
+    tokenizer,
+    records: Sequence[TurnRecord],
+    batch_size: int = 8,
+    *,
+    max_context_tokens: int = 256,
+    max_length: int | None = 512,
+) -> float:
+    """exp(mean NLL per token) over the user-turn target tokens only (the completion the SFT loss covers: the turn,
+    END_MARKER on last turns, and the end-of-turn tokens), prompts as in `sft_example`; turns that do not fit
+    `max_length` are left out, as in training."""
+    import torch
+
+    if not records:
+        return math.nan
+    examples, _ = sft_examples(records, tokenizer, max_context_tokens=max_context_tokens, max_length=max_length)
+    encoded = [encode_example(tokenizer, ex) for ex in examples]
+    if not encoded:
+        return math.nan
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i][0]))
+    device = next(model.parameters()).device
+    pad = tokenizer.pad_token_id
+    total_nll, total_tokens = 0.0, 0
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            for s in range(0, len(order), batch_size):
+                batch = [encoded[i] for i in order[s : s + batch_size]]
+                T = max(len(ids) for ids, _ in batch)
+                # left padding puts every completion at the end: logits are needed for the last K positions only,
+                # never the full (B, T, vocab) tensor
+                input_ids = torch.tensor([[pad] * (T - len(ids)) + ids for ids, _ in batch], device=device)  # (B, T)
+                attn = torch.tensor([[0] * (T - len(ids)) + [1] * len(ids) for ids, _ in batch], device=device)
+                cmask = torch.tensor([[0] * (T - len(m)) + m for _, m in batch], device=device)  # (B, T)
+                position_ids = (attn.cumsum(-1) - 1).clamp(min=0)  # as if unpadded, like training
+                K = int(cmask.sum(-1).max().item()) + 1
+                K = min(K, T)
+                try:
+                    out = model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids, logits_to_keep=K)
+                except TypeError:  # a model class without logits_to_keep
+                    out = model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids)
+                logits = out.logits[:, -K:-1].float()  # (B, K-1, V): predicts tokens T-K+1 .. T-1
+                targets = input_ids[:, T - K + 1 :]  # (B, K-1)
+                mask = cmask[:, T - K + 1 :].bool()
+                nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # (B, K-1)
+                total_nll += float(nll[mask].sum())
+                total_tokens += int(mask.sum())
+    finally:
+        if was_training:
+            model.train()
+    return math.exp(total_nll / total_tokens) if total_tokens else math.nan
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# training
+
+
+def _load_records(args: SFTArgs, split: str) -> list[TurnRecord]:
+    from generator.data import load_turns
+
+    return load_turns(
+        args.data,
+        split,
+        max_context_messages=args.max_context_messages,
+        max_turn_chars=args.max_turn_chars,
+        skip_first=args.skip_first,
+        val_frac=args.val_frac,
+        test_frac=args.test_frac,
+    )
+
+
+def _draw(records: list[TurnRecord], n: int, seed: int) -> list[TurnRecord]:
+    records = list(records)
+    random.Random(seed).shuffle(records)
+    return records[:n]
+
+
+def _write_info(folder: Path, args: SFTArgs, metrics: dict) -> None:
+    info = {
+        "prompt_format_version": PROMPT_FORMAT_VERSION,
+        "end_marker": END_MARKER,
+        "base_model": args.model,
+        "max_context_tokens": args.max_context_tokens,
+        "sft": _jsonable({k: v for k, v in metrics.items() if k.startswith(("ppl", "train", "n_"))}),
+        "config": to_jsonable(args),
+    }
+    (folder / "generator_info.json").write_text(json.dumps(info, indent=2))
+
+
+def make_sft_config(args: SFTArgs, device: str):
+    """TRL SFTConfig for `args`: completion-only loss, no checkpoints, fp32 on CPU, bf16 on GPU."""
+    import torch
+    from trl import SFTConfig
+
+    on_gpu = device.startswith("cuda")
+    return SFTConfig(
+        output_dir=str(Path(args.output_dir) / "trainer"),
+        max_steps=args.max_steps,
+        per_device_train_batch_size=args.per_device_train_batch_size,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        learning_rate=args.learning_rate,
+        lr_scheduler_type=args.lr_scheduler_type,
+        warmup_steps=int(args.warmup_ratio * args.max_steps),
+        weight_decay=args.weight_decay,
+        max_grad_norm=args.max_grad_norm,
+        logging_steps=args.logging_steps,
+        save_strategy="no",
+        report_to="none",
+        seed=args.seed,
+        data_seed=args.seed,
+        max_length=args.max_length,
+        completion_only_loss=True,
+        packing=False,
+        # fp32 on CPU (TRL would turn bf16 autocast on by default, slower there); bf16 on GPU
+        bf16=on_gpu and torch.cuda.is_bf16_supported(),
+        fp16=on_gpu and not torch.cuda.is_bf16_supported(),
+        use_cpu=not on_gpu,
+        gradient_checkpointing=args.gradient_checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False} if args.gradient_checkpointing else None,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+
+
+def make_trainer(args: SFTArgs, model, tokenizer, train_records: Sequence[TurnRecord]):
+    """An SFTTrainer over the prompt-completion examples of `train_records` (the model is trained in place)."""
+    from trl import SFTTrainer
+
+    from generator.model import pick_device
+
+    dataset = build_sft_dataset(
+        train_records, tokenizer, max_context_tokens=args.max_context_tokens, max_length=args.max_length
+    )
+    config = make_sft_config(args, pick_device(args.device))
+    trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer)
+    # progress to stderr: stdout carries the CLI's JSON summary only
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    trainer.add_callback(_stderr_log_callback())
+    return trainer
+
+
+def _stderr_log_callback():
+    """Trainer callback: one JSON line per log event on stderr."""
+    import sys
+
+    from transformers import TrainerCallback
+
+    class StderrLog(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs:
+                print(json.dumps({"step": state.global_step, **{k: _round(v) for k, v in logs.items()}}), file=sys.stderr)
+
+    return StderrLog()
+
+
+def _round(v):
+    return round(v, 4) if isinstance(v, float) else v
+
+
+def run_sft(
+    args: SFTArgs,
+    train_records: Sequence[TurnRecord] | None = None,
+    eval_records: Sequence[TurnRecord] | None = None,
+) -> dict[str, Any]:
+    """Fine-tune `args.model` on real user turns. Records default to the train / val splits of `args.data`. Returns
+    metrics: ppl_before, ppl_after (held-out real user turns), train_loss, train_runtime_s, n_train, n_eval, and the
+    saved folders (adapter_dir, merged_dir, model_dir: the one to load next)."""
+    import torch
+
+    from generator.model import LoraSettings, count_trainable, load_generator, pick_device
+
+    t0 = time.time()
+    n_train = args.train_turns or args.max_steps * args.per_device_train_batch_size * args.gradient_accumulation_steps
+    if train_records is None:
+        train_records = _draw(_load_records(args, "train"), n_train, args.seed)
+    if eval_records is None:
+        eval_records = _draw(_load_records(args, "val"), args.eval_turns, args.seed + 1) if args.eval_turns else []
+    train_records, eval_records = list(train_records), list(eval_records)
+    if not train_records:
+        raise DataError("no training turns (check data, split fractions and max_turn_chars)", args.data)
+
+    device = pick_device(args.device)
+    lora = (
+        LoraSettings(r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout, target_modules=args.lora_target_modules)
+        if args.use_lora
+        else None
+    )
+    torch.manual_seed(args.seed)  # LoRA A matrices
+    model, tokenizer = load_generator(
+        args.model,
+        lora=lora,
+        dtype=args.dtype,
+        device=device,
+        gradient_checkpointing=args.gradient_checkpointing,
+        trust_remote_code=args.trust_remote_code,
+    )
+    trainable, total = count_trainable(model)
+    ppl_kw = dict(max_context_tokens=args.max_context_tokens, max_length=args.max_length)
+    t_eval = time.time()
+    ppl_before = heldout_perplexity(model, tokenizer, eval_records, args.eval_batch_size, **ppl_kw)
+    eval_s = time.time() - t_eval
+
+    out_dir = Path(args.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    trainer = make_trainer(args, model, tokenizer, train_records)
+    t_train = time.time()
+    result = trainer.train()
+    train_s = time.time() - t_train
+    model = trainer.model
+    ppl_after = heldout_perplexity(model, tokenizer, eval_records, args.eval_batch_size, **ppl_kw)
+
+    metrics: dict[str, Any] = {
+        "model": args.model,
+        "prompt_format_version": PROMPT_FORMAT_VERSION,
+        "ppl_before": ppl_before,
+        "ppl_after": ppl_after,
+        "train_loss": float(result.training_loss),
+        "train_steps": int(result.global_step),
+        "train_runtime_s": round(train_s, 1),
+        "eval_runtime_s": round(eval_s, 1),
+        "n_train": len(train_records),
+        # after leaving out turns that cannot fit max_length whole
+        "n_train_used": len(trainer.train_dataset),
+        "n_eval": len(eval_records),
+        "n_train_ended": sum(r.is_last for r in train_records),
+        "trainable_params": trainable,
+        "total_params": total,
+        "device": device,
+        "loss_history": [
+            {"step": h["step"], "loss": h["loss"]} for h in trainer.state.log_history if "loss" in h and "step" in h
+        ],
+    }
+    adapter_dir = merged_dir = None
+    if args.use_lora and args.save_adapter:
+        adapter_dir = out_dir / "adapter"
+        model.save_pretrained(str(adapter_dir))
+        tokenizer.save_pretrained(str(adapter_dir))
+        _write_info(adapter_dir, args, metrics)
+    if args.save_merged or not args.use_lora:
+        merged_dir = out_dir / "merged"
+        merged = model.merge_and_unload() if args.use_lora else model
+        merged.save_pretrained(str(merged_dir), safe_serialization=True)
+        tokenizer.save_pretrained(str(merged_dir))
+        _write_info(merged_dir, args, metrics)
+    metrics["adapter_dir"] = str(adapter_dir) if adapter_dir else None
+    metrics["merged_dir"] = str(merged_dir) if merged_dir else None
+    metrics["model_dir"] = metrics["merged_dir"] or metrics["adapter_dir"]
+    metrics["wall_s"] = round(time.time() - t0, 1)
+    (out_dir / "sft_summary.json").write_text(json.dumps(_jsonable(metrics), indent=2))
+    return metrics
+
+
+def _jsonable(metrics: dict) -> dict:
+    """NaN (no held-out turns) becomes null: JSON has no NaN."""
+    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in metrics.items()}
+
+
+@friendly_errors
+def main(argv: list[str] | None = None) -> dict:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    (args,) = parse_config((SFTArgs,), argv, prog="python -m generator.sft")
+    metrics = run_sft(args)
+    print(json.dumps(_jsonable(metrics), indent=2))
+    return metrics
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""Multi-turn GRPO on TRL: token bookkeeping of the LM agent (env_mask), and a smoke training run with tiny models."""
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent_rl.agents import PolicyAgent, load_agent
+from agent_rl.gyms import Gym, register_gym, unregister_gym
+from agent_rl.rollout import episode_specs, run_episodes
+from agent_rl.users import ScriptedUser
+from conversations.config import ConfigError, parse_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+class EchoGym(Gym):
+    """A test gym whose reward varies with whatever a random model writes (its length), so GRPO groups have spread."""
+
+    name = "echo_test"
+    max_turns = 2
+    instructions = "Say anything."
+
+    def build_tasks(self, rng):
+        return [(f"Hello number {i}.", {"i": i}) for i in range(4)]
+
+    def user_goal(self, task):
+        return "Be brief."
+
+    def scripted_user(self, task, context, mode):
+        return "Okay, go on."
+
+    def score_reply(self, task, state, question, reply):
+        return (len(question) % 7) / 6, False, {}
+
+    def score_answer(self, task, state, answer):
+        return 0.0, {}
+
+    def max_return(self, task):
+        return 2.0
+
+    def oracle_turn(self, task, turn):
+        return "[action] hello"
+
+    def random_turn(self, task, rng, turn):
+        return "[action] hi"
+
+
+@pytest.fixture
+def echo_gym():
+    register_gym(EchoGym)
+    yield "echo_test"
+    unregister_gym("echo_test")
+
+
+def test_policy_agent_sequence_is_what_the_model_saw(tiny_lm_path):
+    from generator.model import load_generator
+
+    model, tok = load_generator(tiny_lm_path)
+    agent = PolicyAgent(model, tok, max_new_tokens=6, record=True, seed=1)
+    specs = episode_specs(["intention", "telepathy"], "train", 1, max_turns=3)
+    results = run_episodes(agent, ScriptedUser("oracle"), specs)
+    for uid, r in enumerate(results):
+        rec = agent.pop_record(uid)
+        assert len(rec.ids) == rec.prompt_len + len(rec.mask) == rec.prompt_len + len(rec.turn_of)
+        first = tok.apply_chat_template(r.messages[:2], add_generation_prompt=True, return_dict=True)["input_ids"]
+        assert rec.ids[: rec.prompt_len] == first
+        # split the completion into runs of agent (mask 1) and observation (mask 0) tokens
+        runs, cur = [], None
+        for tid, m in zip(rec.completion_ids, rec.mask):
+            if cur is None or cur[0] != m:
+                cur = [m, []]
+                runs.append(cur)
+            cur[1].append(tid)
+        agent_runs = [ids for m, ids in runs if m == 1]
+        obs_runs = [ids for m, ids in runs if m == 0]
+        assert len(agent_runs) == r.turns and len(obs_runs) == r.turns - 1
+        agent_turns = [m["content"] for m in r.messages if m["role"] == "assistant"]
+        observations = [m["content"] for m in r.messages[3::2]][: r.turns - 1]
+        for ids, text in zip(agent_runs, agent_turns):
+            assert tok.decode(ids, skip_special_tokens=True).strip() == text
+        for ids, obs in zip(obs_runs, observations):
+            # the user's turn in the chat template's glue, never trained on
+            assert tok.decode(ids).endswith(f"<|im_start|>user\n{obs}<|im_end|>\n<|im_start|>assistant\n")
+        assert {t for t, m in zip(rec.turn_of, rec.mask) if m == 0} == {-1}
+        assert sorted({t for t in rec.turn_of if t >= 0}) == list(range(r.turns))
+
+
+def test_configs_parse():
+    from trl import GRPOConfig
+
+    from agent_rl.train import AgentRLArgs
+
+    for name in ("agent_smoke.yaml", "agent.yaml"):
+        args, grpo = parse_config((AgentRLArgs, GRPOConfig), ["--config", str(ROOT / "configs" / name)])
+        assert args.gym_list and grpo.num_generations >= 2
+    with pytest.raises(ConfigError, match="turn_credit"):
+        parse_config((AgentRLArgs, GRPOConfig), ["--turn_credit", "bogus", "--bf16", "false"])
+
+
+def test_smoke_training_updates_the_adapter(echo_gym, tmp_path):
+    from transformers import TrainerCallback
+    from trl import GRPOConfig
+
+    from agent_rl.train import AgentRLArgs, train
+
+    args, grpo = parse_config(
+        (AgentRLArgs, GRPOConfig),
+        ["--config", str(ROOT / "configs" / "agent_smoke.yaml"), "--gyms", echo_gym, "--output_dir",
+         str(tmp_path / "run"), "--torch_threads", "1"],
+    )
+    assert args.turn_credit == "r2g" and args.simulator == "scripted:oracle"
+
+    class Snapshot(TrainerCallback):
+        def on_train_begin(self, args_, state, control, model=None, **kw):
+            self.before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    snap = Snapshot()
+    summary, trainer = train(args, grpo, callbacks=[snap])
+    assert summary["steps"] == 2
+    logs = summary["log_history"]
+    assert len(logs) == 2
+    for h in logs:
+        assert math.isfinite(h["loss"]) and math.isfinite(h["reward"]) and math.isfinite(h["grad_norm"])
+        assert math.isfinite(h["agent/return/echo_test"]) and 0 <= h["agent/format_ok"] <= 1
+    assert any(h["reward_std"] > 0 for h in logs)
+    # every LoRA parameter moved (B starts at zero and moves at step 1; A gets a gradient from step 2)
+    after = dict(trainer.model.named_parameters())
+    assert snap.before and all("lora" in n for n in snap.before)
+    unchanged = [n for n, p in snap.before.items() if torch.equal(p, after[n].detach())]
+    assert not unchanged, unchanged
+    # the user's tokens are masked out: env_mask 0 on them, and no turn credit there
+    out = trainer.rollout_func.last_output
+    for mask, credit in zip(out["env_mask"], out["turn_credit"]):
+        assert 0 in mask and 1 in mask
+        assert all(c == 0.0 for c, m in zip(credit, mask) if m == 0)
+        assert all(c >= 0.0 for c in credit) and any(c > 0.0 for c, m in zip(credit, mask) if m == 1)
+    # advantages become per-token (B, T): zero on the simulator's tokens
+    batch = [dict(trainer.train_dataset[0]) for _ in range(grpo.num_generations)]
+    scored = trainer._generate_and_score_completions(batch)
+    adv, tool_mask = scored["advantages"], scored["tool_mask"]
+    assert adv.shape == scored["completion_ids"].shape and torch.isfinite(adv).all()
+    assert (adv[(tool_mask == 0)] == 0).all()
+    # the saved adapter is an agent
+    saved = Path(grpo.output_dir)
+    assert (saved / "adapter_config.json").exists() and (saved / "agent_rl.json").exists()
+    agent = load_agent(str(saved), max_new_tokens=4)
+    assert len(run_episodes(agent, ScriptedUser("oracle"), episode_specs([echo_gym], "test", max_turns=1))) == 1
