@@ -77,30 +77,29 @@ def warm_start(cfg, args, data: RunData) -> str:
     from generator.sft import SFTArgs, run_sft
 
     state = PartialState()
-    # the main process fine-tunes (a short LoRA run), the others wait and load the result: the warm start is not
-    # worth a distributed launch of its own, and every rank must start the adversarial phase from the same weights
+    # every rank runs the SFT trainer (data-parallel under accelerate); the main process writes the merged model
+    sft_args = SFTArgs(
+        model=cfg.model,
+        output_dir=str(out),
+        max_steps=cfg.warmstart_steps,
+        per_device_train_batch_size=cfg.warmstart_micro_batch,
+        gradient_accumulation_steps=cfg.warmstart_batch_size // cfg.warmstart_micro_batch,
+        learning_rate=cfg.warmstart_lr,
+        lora_r=cfg.lora_r or 16,
+        lora_alpha=cfg.lora_alpha,
+        max_context_messages=cfg.max_context_messages,
+        max_context_tokens=cfg.max_context_tokens,
+        max_turn_chars=cfg.max_turn_chars,
+        max_length=cfg.warmstart_max_length,
+        seed=args.seed,
+        eval_turns=0,
+        save_adapter=False,
+        save_merged=True,
+        trust_remote_code=args.trust_remote_code,
+    )
+    n = cfg.warmstart_steps * cfg.warmstart_batch_size
+    metrics = run_sft(sft_args, train_records=sample_records(data.train, n, seed=args.seed), eval_records=[])
     if state.is_main_process:
-        sft_args = SFTArgs(
-            model=cfg.model,
-            output_dir=str(out),
-            max_steps=cfg.warmstart_steps,
-            per_device_train_batch_size=cfg.warmstart_micro_batch,
-            gradient_accumulation_steps=cfg.warmstart_batch_size // cfg.warmstart_micro_batch,
-            learning_rate=cfg.warmstart_lr,
-            lora_r=cfg.lora_r or 16,
-            lora_alpha=cfg.lora_alpha,
-            max_context_messages=cfg.max_context_messages,
-            max_context_tokens=cfg.max_context_tokens,
-            max_turn_chars=cfg.max_turn_chars,
-            max_length=cfg.warmstart_max_length,
-            seed=args.seed,
-            eval_turns=0,
-            save_adapter=False,
-            save_merged=True,
-            trust_remote_code=args.trust_remote_code,
-        )
-        n = cfg.warmstart_steps * cfg.warmstart_batch_size
-        metrics = run_sft(sft_args, train_records=sample_records(data.train, n, seed=args.seed), eval_records=[])
         (out / "COMPLETE").write_text(json.dumps({"merged_dir": metrics["merged_dir"]}))
         print(f"warm start: {metrics['train_steps']} SFT steps, loss {metrics['train_loss']:.3f} "
               f"({metrics['train_runtime_s']:.0f}s)", flush=True)

@@ -108,19 +108,12 @@ def _end_torn_line(path: Path) -> None:
                 f.write(b"\n")
 
 
-def _lm_settings(args: RunArgs):
-    from agent_rl.users import LMSettings
-
-    return LMSettings(max_new_tokens=args.user_max_new_tokens, temperature=args.user_temperature,
-                      top_p=args.user_top_p, batch_size=args.user_batch_size, seed=args.seed, device=args.device)
-
-
 def run_agent(agent_spec: str, args: RunArgs, agent=None) -> list[dict[str, Any]]:
     """Every (simulator, gym, task, seed) episode of one agent, from the cache where present, run otherwise (and
     appended to the cache as each finishes). Returns the records for this agent and these settings."""
     from agent_rl.agents import load_agent
     from agent_rl.rollout import episode_specs, run_episodes
-    from agent_rl.users import load_simulator
+    from agent_rl.users import load_simulator, user_settings
 
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -138,7 +131,7 @@ def run_agent(agent_spec: str, args: RunArgs, agent=None) -> list[dict[str, Any]
                 agent = load_agent(agent_spec, seed=args.seed, device=args.device,
                                    max_new_tokens=args.agent_max_new_tokens, temperature=args.agent_temperature,
                                    batch_size=args.agent_batch_size)
-            simulator = load_simulator(sim_spec, _lm_settings(args))
+            simulator = load_simulator(sim_spec, user_settings(args, seed=args.seed, device=args.device))
             _end_torn_line(cache_path)
             with open(cache_path, "a", encoding="utf-8") as f:
 

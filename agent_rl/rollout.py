@@ -75,10 +75,11 @@ def run_episodes(
             env.reset(seed=spec.seed, task=spec.task)
             live[i] = (env, spec)
         uids = list(live)
-        views = [
-            EpisodeView(uid=i, gym=s.gym, task=s.task, turn=e.turn, seed=s.seed, messages=e.messages)
-            for i, (e, s) in ((i, live[i]) for i in uids)
-        ]
+        views = []
+        for i in uids:
+            env, spec = live[i]
+            views.append(EpisodeView(uid=i, gym=spec.gym, task=spec.task, turn=env.turn, seed=spec.seed,
+                                     messages=env.messages))
         ta = time.perf_counter()
         texts = agent.act(views)  # one batch for all live episodes
         stats.agent_seconds += time.perf_counter() - ta

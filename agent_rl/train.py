@@ -88,18 +88,6 @@ class AgentRLArgs:
         self.gym_list = resolve_gyms(self.gyms)
 
 
-def _settings(args: AgentRLArgs, seed: int):
-    from agent_rl.users import LMSettings
-
-    return LMSettings(
-        max_new_tokens=args.user_max_new_tokens,
-        temperature=args.user_temperature,
-        top_p=args.user_top_p,
-        batch_size=args.user_batch_size,
-        seed=seed,
-    )
-
-
 def build_dataset(args: AgentRLArgs):
     """One row per (gym, train task): the agent's first messages (what TRL logs as the prompt; the rollout rebuilds
     the episode from the task) plus the keys that find the task again."""
@@ -231,7 +219,7 @@ def train(args: AgentRLArgs, grpo, callbacks: list | None = None):
 
     from generator.model import load_generator
 
-    from agent_rl.users import load_simulator
+    from agent_rl.users import load_simulator, user_settings
 
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
@@ -239,7 +227,7 @@ def train(args: AgentRLArgs, grpo, callbacks: list | None = None):
         raise ConfigError(
             "per_device_train_batch_size x gradient_accumulation_steps must be a multiple of num_generations"
         )
-    simulator = load_simulator(args.simulator, _settings(args, grpo.seed))
+    simulator = load_simulator(args.simulator, user_settings(args, seed=grpo.seed))
     model, tokenizer = load_generator(args.agent_model)
     dataset = build_dataset(args)
     rollout = AgentRollout(args, simulator, tokenizer)

@@ -50,6 +50,12 @@ class LMSettings:
     api_key_env: str = "OPENAI_API_KEY"
 
 
+def user_settings(args, **overrides) -> LMSettings:
+    """LMSettings from a config holding user_max_new_tokens, user_temperature, user_top_p and user_batch_size."""
+    return LMSettings(max_new_tokens=args.user_max_new_tokens, temperature=args.user_temperature,
+                      top_p=args.user_top_p, batch_size=args.user_batch_size, **overrides)
+
+
 class ScriptedUser:
     """Rule-based users: each gym implements `scripted_user(task, context, mode)` on its structured hidden task."""
 

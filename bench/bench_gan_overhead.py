@@ -11,11 +11,13 @@ discriminator gets the job's initial fit first, so its accuracy, and with it the
 is that of a real run's first steps.
 
 A step is timed from `on_step_begin` to `on_step_end` of a callback registered last (so it includes generation,
-rewards, the optimiser step and the co-training update that runs in `on_step_end`). Both trainers run in alternating
-chunks (ABBA order: bare-adv, adv-bare, ...), the first step of every chunk and one whole warm-up round are dropped,
-and completions are forced to the full `max_completion_length` (min_new_tokens) so both arms generate and train on
-exactly the same number of tokens (`--natural_lengths` turns that off). The ratio is median(adversarial step) /
-median(bare step). Target: <= 1.10.
+rewards, the optimiser step and the co-training update that runs in `on_step_end`). The two trainers run in lock
+step: each `train()` runs in its own thread and hands over to the other at the end of every step, so steps
+alternate bare, adversarial, bare, ... and neighbouring steps see the same machine load (only one trainer computes
+at any time). The first `--warmup` steps of each arm are dropped. Completions are forced to the full
+`max_completion_length` (min_new_tokens) so both arms generate and train on exactly the same number of tokens
+(`--natural_lengths` turns that off). The ratio is median(adversarial step) / median(bare step); `ratio_paired` is
+the median of the ratios of neighbouring step pairs. Target: <= 1.10.
 """
 
 from __future__ import annotations
@@ -38,21 +40,21 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", default=str(ROOT / "configs" / "demo.yaml"), help="preset whose models, batch and lengths are used")
     p.add_argument("--tiny", action="store_true", help="tiny-random generator and encoder (fast; not the default's numbers)")
-    p.add_argument("--rounds", type=int, default=None, help="measured rounds (each: one chunk per arm); default 4, 3 with --tiny")
-    p.add_argument("--chunk", type=int, default=3, help="steps per chunk; the first of each is dropped")
+    p.add_argument("--steps", type=int, default=None, help="steps per arm, warm-up included (default 10, 6 with --tiny)")
+    p.add_argument("--warmup", type=int, default=2, help="first steps of each arm that are not counted")
     p.add_argument("--disc_init_items", type=int, default=None, help="items of the discriminator's initial fit (default: the preset's)")
     p.add_argument("--natural_lengths", action="store_true", help="let completions stop at end-of-turn (lengths then differ by arm)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
-    rounds = a.rounds or (3 if a.tiny else 4)
-    if a.chunk < 2:
-        p.error("--chunk must be >= 2 (the first step of each chunk is dropped)")
+    steps = a.steps or (6 if a.tiny else 10)
+    if steps - a.warmup < 2:
+        p.error("need at least 2 measured steps per arm (--steps minus --warmup)")
 
     from adversary.train import parse_args, quiet_libraries
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_gan."))
     overrides = ["--output_dir", str(tmp), "--report_to", "none", "--logging_steps", "100000", "--save_strategy", "no",
-                 "--max_steps", str(a.chunk), "--disable_tqdm", "true", "--seed", str(a.seed)]
+                 "--max_steps", str(steps), "--disable_tqdm", "true", "--seed", str(a.seed)]
     if a.tiny:
         overrides += ["--model", "tiny-random", "--discriminator", "tiny-random-encoder"]
     if a.disc_init_items:
@@ -63,31 +65,16 @@ def main(argv=None) -> int:
     quiet_libraries()
 
     try:
-        bare, adv, timers, probes, disc_info = build(cfg, args)
-        order = []
-        for rnd in range(rounds + 1):  # round 0 warms both arms up and is dropped
-            pair = [("bare", bare), ("adversarial", adv)]
-            if rnd % 2:
-                pair.reverse()
-            for name, trainer in pair:
-                timers[name].round = rnd
-                if name == "adversarial":
-                    probes.reset()
-                t0 = time.perf_counter()
-                trainer.train()
-                order.append(name)
-                log(f"round {rnd} {name:11s}: {a.chunk} steps in {time.perf_counter() - t0:.1f}s "
-                    f"(steps {', '.join(f'{t:.2f}' for t in timers[name].current)})")
+        bare, adv, timers, probes, disc_info = build(cfg, args, a.warmup)
+        t0 = time.perf_counter()
+        run_lockstep(bare, adv)
+        log(f"{2 * steps} steps in {time.perf_counter() - t0:.0f}s")
+        for name, t in timers.items():
+            log(f"  {name:11s}: " + ", ".join(f"{x:.2f}" for x in t.all))
         samples = {k: t.measured() for k, t in timers.items()}
         med = {k: median(v) for k, v in samples.items()}
         ratio = med["adversarial"] / med["bare"]
-        # paired by round: each round's adversarial median over the same round's bare median
-        per_round = []
-        for rnd in range(1, rounds + 1):
-            b = [t for rr, t in timers["bare"].by_round if rr == rnd]
-            d = [t for rr, t in timers["adversarial"].by_round if rr == rnd]
-            if b and d:
-                per_round.append(median(d) / median(b))
+        pairs = [d / b for b, d in zip(samples["bare"], samples["adversarial"])]
         comp = probes.per_step()
         emit({
             "bench": "gan_overhead",
@@ -101,19 +88,20 @@ def main(argv=None) -> int:
             "forced_full_length": not a.natural_lengths,
             "d_every": cfg.d_every,
             "d_steps": cfg.d_steps,
-            "rounds": rounds,
-            "steps_per_chunk": a.chunk,
+            "steps_per_arm": steps,
+            "warmup_steps": a.warmup,
             "samples_per_arm": {k: len(v) for k, v in samples.items()},
             "median_step_s_bare": r(med["bare"]),
             "median_step_s_adversarial": r(med["adversarial"]),
             "iqr_step_s_bare": [r(x) for x in iqr(samples["bare"])],
             "iqr_step_s_adversarial": [r(x) for x in iqr(samples["adversarial"])],
             "ratio": r(ratio),
-            "ratio_per_round": [r(x) for x in per_round],
+            "ratio_paired": r(median(pairs)),
+            "ratio_pairs": [r(x) for x in pairs],
             # where the extra time goes, per adversarial step (medians over the measured steps)
             "adv_seconds_per_step": {k: r(v) for k, v in comp.items()},
             "disc_init": disc_info,
-            "disc_updates_per_round": probes.updates_per_round(),
+            "disc_updates_per_step": probes.updates,
             "target": TARGET,
             "meets": ratio <= TARGET,
         })
@@ -122,13 +110,59 @@ def main(argv=None) -> int:
     return 0
 
 
-class StepTimer:
-    """Seconds from on_step_begin to on_step_end, tagged with the round; the first step of each train() dropped."""
+def run_lockstep(first, second) -> None:
+    """Run `first.train()` and `second.train()` in two threads that take turns step by step (first, second, first,
+    ...): a Baton callback at the end of each step wakes the other trainer and waits for its own turn."""
+    import threading
 
-    def __init__(self):
-        self.by_round: list[tuple[int, float]] = []
-        self.current: list[float] = []
-        self.round = 0
+    from transformers import TrainerCallback
+
+    turn = {id(first): threading.Semaphore(0), id(second): threading.Semaphore(0)}
+    errors = []
+
+    class Baton(TrainerCallback):
+        def __init__(self, me, other):
+            self.me, self.other, self.done = me, other, False
+
+        def on_train_begin(self, args, state, control, **kw):
+            turn[self.me].acquire()
+
+        def on_step_end(self, args, state, control, **kw):
+            turn[self.other].release()
+            turn[self.me].acquire()
+
+        def on_train_end(self, args, state, control, **kw):
+            self.done = True
+            turn[self.other].release()
+
+    for me, other in ((first, second), (second, first)):
+        me.add_callback(Baton(id(me), id(other)))  # after the step timer: the hand-over is not timed
+
+    def target(trainer):
+        try:
+            trainer.train()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
+            errors.append(e)
+            for sem in turn.values():  # never leave the other thread waiting
+                sem.release()
+                sem.release()
+
+    threads = [threading.Thread(target=target, args=(t,), daemon=True) for t in (first, second)]
+    for t in threads:
+        t.start()
+    turn[id(first)].release()  # first goes first
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+class StepTimer:
+    """Seconds from on_step_begin to on_step_end; the first `warmup` steps are kept apart."""
+
+    def __init__(self, warmup: int):
+        self.all: list[float] = []
+        self.warmup = warmup
         self._t0 = None
 
     def callback(self):
@@ -137,36 +171,25 @@ class StepTimer:
         timer = self
 
         class _CB(TrainerCallback):
-            def on_train_begin(self, args, state, control, **kw):
-                timer.current = []
-
             def on_step_begin(self, args, state, control, **kw):
                 timer._t0 = time.perf_counter()
 
             def on_step_end(self, args, state, control, **kw):
-                dt = time.perf_counter() - timer._t0
-                timer.current.append(dt)
-                if len(timer.current) > 1 and timer.round > 0:
-                    timer.by_round.append((timer.round, dt))
+                timer.all.append(time.perf_counter() - timer._t0)
 
         return _CB()
 
     def measured(self) -> list[float]:
-        return [t for _, t in self.by_round]
+        return self.all[self.warmup:]
 
 
 class Probes:
-    """Wall time inside the discriminator reward, the other reward terms and the co-training callback."""
+    """Wall time inside the discriminator reward, the other reward terms and the co-training callback, per step."""
 
     def __init__(self):
         self.samples: dict[str, list[float]] = {"disc_reward": [], "other_rewards": [], "cotrain": []}
         self.step: dict[str, float] = {}
         self.updates: list[int] = []
-        self.round_updates: dict[int, list[int]] = {}
-        self.round = 0
-
-    def reset(self):
-        self.step = {}
 
     def add(self, key, dt):
         self.step[key] = self.step.get(key, 0.0) + dt
@@ -179,9 +202,6 @@ class Probes:
 
     def per_step(self) -> dict:
         return {k: median(v) for k, v in self.samples.items()}
-
-    def updates_per_round(self) -> dict:
-        return {str(k): v for k, v in sorted(self.round_updates.items())}
 
 
 def timed_reward(fn, probes: Probes, key: str):
@@ -196,7 +216,7 @@ def timed_reward(fn, probes: Probes, key: str):
     return wrapper
 
 
-def build(cfg, args):
+def build(cfg, args, warmup: int):
     """(bare trainer, adversarial trainer, step timers, probes, discriminator fit info)."""
     import torch
     from peft import LoraConfig
@@ -242,8 +262,7 @@ def build(cfg, args):
         t0 = time.perf_counter()
         out = original_on_step_end(args_, state, control, **kw)
         probes.add("cotrain", time.perf_counter() - t0)
-        rnd = timers["adversarial"].round
-        probes.round_updates.setdefault(rnd, []).append(int(cotrain.last.get("disc/updates", 0)))
+        probes.updates.append(int(cotrain.last.get("disc/updates", 0)))
         return out
 
     cotrain.on_step_end = cotrain_timed
@@ -264,7 +283,7 @@ def build(cfg, args):
                        train_dataset=grpo_dataset(cfg, tok, data.train, args.seed), processing_class=tok,
                        peft_config=peft_config)
 
-    timers = {"bare": StepTimer(), "adversarial": StepTimer()}
+    timers = {"bare": StepTimer(warmup), "adversarial": StepTimer(warmup)}
     for name, trainer in (("bare", bare), ("adversarial", adv)):
         for cb in (ProgressCallback, PrinterCallback):
             trainer.remove_callback(cb)
@@ -273,7 +292,7 @@ def build(cfg, args):
     class _Flush(TrainerCallback):  # after the timer: one probe sample per measured adversarial step
         def on_step_end(self, args_, state, control, **kw):
             t = timers["adversarial"]
-            probes.flush(measured=len(t.current) > 1 and t.round > 0)
+            probes.flush(measured=len(t.all) > t.warmup)
 
     adv.add_callback(_Flush())
     return bare, adv, timers, probes, disc_info

@@ -407,22 +407,29 @@ def run_sft(
         ],
     }
     adapter_dir = merged_dir = None
+    # under several processes every rank trained the same model: the main process alone writes it
+    main = trainer.is_world_process_zero()
+    model = trainer.accelerator.unwrap_model(model)
     if args.use_lora and args.save_adapter:
         adapter_dir = out_dir / "adapter"
-        model.save_pretrained(str(adapter_dir))
-        tokenizer.save_pretrained(str(adapter_dir))
-        _write_info(adapter_dir, args, metrics)
+        if main:
+            model.save_pretrained(str(adapter_dir))
+            tokenizer.save_pretrained(str(adapter_dir))
+            _write_info(adapter_dir, args, metrics)
     if args.save_merged or not args.use_lora:
         merged_dir = out_dir / "merged"
-        merged = model.merge_and_unload() if args.use_lora else model
-        merged.save_pretrained(str(merged_dir), safe_serialization=True)
-        tokenizer.save_pretrained(str(merged_dir))
-        _write_info(merged_dir, args, metrics)
+        if main:
+            merged = model.merge_and_unload() if args.use_lora else model
+            merged.save_pretrained(str(merged_dir), safe_serialization=True)
+            tokenizer.save_pretrained(str(merged_dir))
+            _write_info(merged_dir, args, metrics)
+    trainer.accelerator.wait_for_everyone()
     metrics["adapter_dir"] = str(adapter_dir) if adapter_dir else None
     metrics["merged_dir"] = str(merged_dir) if merged_dir else None
     metrics["model_dir"] = metrics["merged_dir"] or metrics["adapter_dir"]
     metrics["wall_s"] = round(time.time() - t0, 1)
-    (out_dir / "sft_summary.json").write_text(json.dumps(_jsonable(metrics), indent=2))
+    if main:
+        (out_dir / "sft_summary.json").write_text(json.dumps(_jsonable(metrics), indent=2))
     return metrics
 
 

@@ -14,11 +14,14 @@ ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
 
 
 def launch(out, *extra, processes=1, timeout=600):
-    cmd = ["accelerate", "launch", "--num_processes", str(processes), "--cpu", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no",
+    # cpu2.yaml: torchrun starts the two processes, each forms a gloo group on the CPU (see the note in the file:
+    # `--cpu --num_processes 2` alone starts one process in accelerate 1.x)
+    preset = ROOT / "configs" / "accelerate" / ("cpu.yaml" if processes == 1 else "cpu2.yaml")
+    cmd = ["accelerate", "launch", "--config_file", str(preset),
            str(ROOT / "adversary" / "train.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
            "--output_dir", str(out), *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV, cwd=ROOT)
+    env = {**ENV, "ACCELERATE_USE_CPU": "true"}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
 
 def curve_steps(out):

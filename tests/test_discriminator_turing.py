@@ -234,12 +234,19 @@ def test_real_against_templated_reads_above_40():
 
 
 def test_measure_td_with_tiny_neural_in_panel(tiny_encoder_path):
+    import torch
+
     real, _ = real_halves(40, seed=2)
     sim = templated(real)
-    r = measure_td(
-        real, sim, detectors=("style", "neural"), folds=2, seed=0, n_boot=50,
-        neural_kwargs={"backbone": tiny_encoder_path, "max_length": 48, "context_tokens": 16, "batch_size": 16},
-    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model only pays for extra threads
+    try:
+        r = measure_td(
+            real, sim, detectors=("style", "neural"), folds=2, seed=0, n_boot=50,
+            neural_kwargs={"backbone": tiny_encoder_path, "max_length": 48, "context_tokens": 16, "batch_size": 16},
+        )
+    finally:
+        torch.set_num_threads(threads)
     assert set(r["detectors"]) == {"style", "neural"}
     assert 0 <= r["detectors"]["neural"]["turing_distance"] <= 50
     assert r["headline_detector"] in ("style", "neural")
