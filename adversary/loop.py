@@ -95,7 +95,8 @@ class HeldoutGateCallback(TrainerCallback):
             print(f"[td] step {step}: td {r['td']:.1f} (95% CI {r['td_ci_low']:.1f}-{r['td_ci_high']:.1f}), "
                   f"auc {r['auc']:.3f}, disc acc {r.get('disc_acc') if r.get('disc_acc') is None else round(r['disc_acc'], 3)}"
                   f"{'  best' if res['is_best'] else ''}{'  -> gate: ' + self.gate.describe() if res['stop'] else ''}")
-            self.trainer.log(curve_metrics(r))
+        # every rank logs: Trainer.log runs collectives, and a main-only call would put the ranks out of step
+        self.trainer.log(curve_metrics(res["row"]))
         self._stop = res["stop"]
 
     def write_outputs(self) -> None:

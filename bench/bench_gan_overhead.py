@@ -17,7 +17,9 @@ alternate bare, adversarial, bare, ... and neighbouring steps see the same machi
 at any time). The first `--warmup` steps of each arm are dropped. Completions are forced to the full
 `max_completion_length` (min_new_tokens) so both arms generate and train on exactly the same number of tokens
 (`--natural_lengths` turns that off). The ratio is median(adversarial step) / median(bare step); `ratio_paired` is
-the median of the ratios of neighbouring step pairs. Target: <= 1.10.
+the median of the ratios of neighbouring step pairs; `ratio_from_components` = 1 / (1 - median share of each
+adversarial step spent in rewards and co-training), a second estimate that load drift between steps cannot move.
+Target: <= 1.10.
 """
 
 from __future__ import annotations
@@ -100,6 +102,11 @@ def main(argv=None) -> int:
             "ratio_pairs": [r(x) for x in pairs],
             # where the extra time goes, per adversarial step (medians over the measured steps)
             "adv_seconds_per_step": {k: r(v) for k, v in comp.items()},
+            # a second estimate, insensitive to load drift between steps: within each adversarial step, the share
+            # of its time spent in the discriminator reward, the other reward terms and co-training; were the rest
+            # of the step a bare step, the ratio would be 1 / (1 - share)
+            "extra_share_median": r(median(probes.extra_share), 4),
+            "ratio_from_components": r(1 / (1 - median(probes.extra_share))),
             "disc_init": disc_info,
             "disc_updates_per_step": probes.updates,
             "target": TARGET,
@@ -190,14 +197,16 @@ class Probes:
         self.samples: dict[str, list[float]] = {"disc_reward": [], "other_rewards": [], "cotrain": []}
         self.step: dict[str, float] = {}
         self.updates: list[int] = []
+        self.extra_share: list[float] = []  # per measured step: (rewards + co-training) seconds / step seconds
 
     def add(self, key, dt):
         self.step[key] = self.step.get(key, 0.0) + dt
 
-    def flush(self, measured: bool):
+    def flush(self, measured: bool, step_seconds: float):
         if measured:
             for k in self.samples:
                 self.samples[k].append(self.step.get(k, 0.0))
+            self.extra_share.append(sum(self.step.values()) / step_seconds)
         self.step = {}
 
     def per_step(self) -> dict:
@@ -292,7 +301,7 @@ def build(cfg, args, warmup: int):
     class _Flush(TrainerCallback):  # after the timer: one probe sample per measured adversarial step
         def on_step_end(self, args_, state, control, **kw):
             t = timers["adversarial"]
-            probes.flush(measured=len(t.all) > t.warmup)
+            probes.flush(measured=len(t.all) > t.warmup, step_seconds=t.all[-1])
 
     adv.add_callback(_Flush())
     return bare, adv, timers, probes, disc_info

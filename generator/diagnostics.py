@@ -38,8 +38,14 @@ ASSISTANT_PATTERNS: list[tuple[float, re.Pattern]] = [
     # an opening "Sure! Here is..." (a user's "sure, but why?" is not assistant talk)
     (0.5, re.compile(r"^\s*(?:sure|certainly|absolutely|of course)\s*[!,.]\s*(?:here|i can|i'd|i would|i'll|let me)\b", re.I)),
     (0.5, re.compile(r"^\s*certainly\s*[!,.]", re.I)),
-    (0.5, re.compile(r"^\s*here (?:is|are) (?:a|an|the|some)\b", re.I)),
-    (0.5, re.compile(r"\bgreat question\b", re.I)),
+    (1.0, re.compile(r"\bi(?:['’]m| am) (?:here|happy|glad) to (?:help|assist)\b", re.I)),
+    (1.0, re.compile(r"\bi(?:['’]m| am) (?:just )?an ai\b", re.I)),
+    # "Here's a revised version...": an assistant handing over work (a user's "here's my code" is not)
+    (0.5, re.compile(
+        r"^\s*here(?:['’]s| is| are) (?:a |an |the |some )?(?:revised|updated|improved|rewritten|possible|sample|"
+        r"suggested|draft|few|brief|short|summary|list of (?:some|ideas|suggestions|tips))", re.I)),
+    (0.5, re.compile(r"\bi can certainly\b", re.I)),
+    (0.5, re.compile(r"\bgreat (?:question|choice)\b", re.I)),
     (0.5, re.compile(r"\bi apologi[sz]e for (?:the|any) confusion\b", re.I)),
     (0.5, re.compile(r"\bfeel free to\b", re.I)),
     # a bullet or numbered list of three or more items

@@ -54,6 +54,11 @@ def test_copy_score():
         ("Sure! Here is the fix. Feel free to ask more.", 0.75),
         ("Certainly. The answer is 4", 0.5),
         ("Here is a summary of the text", 0.5),
+        ("Here is the article: ...", 0.0),  # users paste things too
+        ("Here's a revised version of the text with improved style:", 0.5),
+        ("here's my code, it crashes", 0.0),
+        ("I'm here to assist you with your request.", 1.0),
+        ("In fact, I can certainly continue from here.", 0.5),
         ("- apples\n- pears\n- plums", 0.5),
         ("1. install\n2. run\n3. profit\n", 0.5),
         ("- apples\n- pears", 0.0),
