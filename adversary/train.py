@@ -230,4 +230,5 @@ def _peak_rss_mb() -> float:
 
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     sys.exit(main())
