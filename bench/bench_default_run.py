@@ -24,6 +24,7 @@ import os
 import re
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,7 +43,7 @@ def main(argv=None) -> int:
     p.add_argument("--accelerate_config", default=str(ROOT / "configs" / "accelerate" / "cpu.yaml"))
     p.add_argument("--output_dir", default=None, help="default: a temporary folder, removed afterwards")
     p.add_argument("--keep", action="store_true", help="keep the temporary output folder")
-    p.add_argument("--timeout", type=float, default=3600.0)
+    p.add_argument("--timeout", type=float, default=4 * 3600.0, help="seconds before the run is stopped")
     p.add_argument("extra", nargs="*", help="overrides for the main job, after --")
     a = p.parse_args(argv)
 
@@ -62,8 +63,22 @@ def main(argv=None) -> int:
     log("running:", " ".join(job))
     load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          timeout=a.timeout)
+    # a session of its own: on timeout the whole launch (accelerate and the job under it) is stopped, not just
+    # the first process
+    child = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    try:
+        stdout, stderr = child.communicate(timeout=a.timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGTERM)
+        try:
+            stdout, stderr = child.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            stdout, stderr = child.communicate()
+        log(f"timed out after {a.timeout:.0f}s")
+    timed_out = child.returncode is not None and child.returncode < 0
+    proc = subprocess.CompletedProcess(cmd, child.returncode, stdout, stderr)
     wall = time.perf_counter() - t0
     children_rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # KiB on Linux
     load_after = os.getloadavg()[0]
@@ -80,7 +95,8 @@ def main(argv=None) -> int:
         log(proc.stdout[-3000:])
         log(proc.stderr[-3000:])
         emit({"bench": "default_run", "config": _rel(a.config), "ok": False, "returncode": proc.returncode,
-              "wall_seconds": r(wall, 1)})
+              "timed_out": timed_out, "wall_seconds": r(wall, 1), "cpu_seconds": r(cpu_seconds, 1),
+              "load_average_1min": [r(load_before, 1), r(load_after, 1)]})
         return 1
     summary = json.loads((out / "summary.json").read_text())
     peak = max(x for x in (time_rss_mb, children_rss_mb) if x is not None)
