@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 demo: install
-	accelerate launch --config_file configs/accelerate/cpu.yaml adversary/train.py
+	accelerate launch --config_file configs/accelerate/cpu.yaml --num_cpu_threads_per_process $$(nproc) adversary/train.py
 
 test: install
 	$(PYTHON) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc

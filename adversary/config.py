@@ -71,6 +71,7 @@ class AdversaryConfig:
         "help": "Fresh detectors of the meter's panel (classical, style, neural); td is their maximum."})
     heldout_folds: int = field(default=5, metadata={"help": "Cross-fitting folds of the meter."})
     heldout_max_new_tokens: int = field(default=64, metadata={"help": "Token limit of a held-out simulated turn."})
+    sim_batch_size: int = field(default=32, metadata={"help": "Contexts per generate call when simulating held-out and discriminator-fit turns (larger batches use the CPU's cores better; lower it if memory is short)."})
     eval_base_model: bool = field(default=False, metadata={"help": "Also measure the un-tuned base model's td (for comparison)."})
     gate_patience: int = field(default=3, metadata={"help": "Evaluations without improvement before the gate freezes."})
     gate_min_delta: float = field(default=1.0, metadata={"help": "Improvement in td points that resets patience."})
@@ -90,6 +91,7 @@ class AdversaryConfig:
             (self.warmstart_micro_batch >= 1 and self.warmstart_batch_size % self.warmstart_micro_batch == 0,
              "warmstart_batch_size must be a multiple of warmstart_micro_batch"),
             (self.disc_init_items >= 8, "disc_init_items must be >= 8"),
+            (self.sim_batch_size >= 1, "sim_batch_size must be >= 1"),
             (self.d_every >= 1 and self.d_steps >= 0, "d_every must be >= 1 and d_steps >= 0"),
             (self.disc_context_tokens < self.disc_max_length, "disc_context_tokens must be smaller than disc_max_length"),
             (0 <= self.label_smoothing < 0.5, "label_smoothing must be in [0, 0.5)"),

@@ -135,7 +135,7 @@ class CoTrainCallback(TrainerCallback):
             for i in range(n_updates):
                 batch, y = self.buffer.sample(self.cfg.disc_batch_size, recent=fresh if i == 0 else None)
                 if batch:
-                    crash_point("disc_update")
+                    crash_point("disc_update", step=step)
                     losses.append(float(self.disc.update(batch, y)))
         if n_updates:
             broadcast_module(self.disc.model)

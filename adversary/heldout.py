@@ -34,6 +34,7 @@ def simulate_heldout(model, tokenizer, records: list[TurnRecord], cfg, accelerat
             model, tokenizer, shard,
             max_new_tokens=cfg.heldout_max_new_tokens,
             max_context_tokens=cfg.max_context_tokens,
+            batch_size=cfg.sim_batch_size,
             seed=seed + rank,
         )
     finally:

@@ -51,7 +51,7 @@ def base_model_td(cfg, args, data: RunData) -> dict | None:
     model, tok = load_generator(cfg.model, trust_remote_code=args.trust_remote_code)
     model.eval()
     sims = simulate_records(model, tok, data.heldout, max_new_tokens=cfg.heldout_max_new_tokens,
-                            max_context_tokens=cfg.max_context_tokens, seed=1234)
+                            max_context_tokens=cfg.max_context_tokens, batch_size=cfg.sim_batch_size, seed=1234)
     del model
     row = measure_heldout(data.heldout, sims, cfg)
     return {k: row[k] for k in ("td", "td_ci_low", "td_ci_high", "auc")} | {
@@ -134,7 +134,7 @@ def fit_discriminator(cfg, disc, model, tokenizer, data: RunData, seed: int) -> 
     contexts = sample_records(data.train, cfg.disc_init_items, seed=seed + 1)
     model.eval()
     sims = simulate_records(model, tokenizer, contexts, max_new_tokens=cfg.heldout_max_new_tokens,
-                            max_context_tokens=cfg.max_context_tokens, seed=seed + 2)
+                            max_context_tokens=cfg.max_context_tokens, batch_size=cfg.sim_batch_size, seed=seed + 2)
     sims = [TurnRecord(id=s.id + "@sim", context=s.context, user_turn=strip_end_marker(s.user_turn)[0].strip())
             for s in sims]
     items = list(contexts) + sims

@@ -122,7 +122,7 @@ def simulate_arm(model_dir: str, data, cfg, args):
     model, tok = load_generator(model_dir, trust_remote_code=args.trust_remote_code)
     model.eval()
     return simulate_records(model, tok, data.heldout, max_new_tokens=cfg.heldout_max_new_tokens,
-                            max_context_tokens=cfg.max_context_tokens, seed=1234)
+                            max_context_tokens=cfg.max_context_tokens, batch_size=cfg.sim_batch_size, seed=1234)
 
 
 def _panel_td(correct: np.ndarray, weights: np.ndarray) -> float:

@@ -54,6 +54,10 @@ class LoadReport:
 # raw records: (location, object) pairs from JSONL, a JSON array (parsed object by object), or a datasets dataset
 
 
+# Longest JSONL line read as one record.
+MAX_RECORD_CHARS = 10_000_000
+
+
 def _decode(data: bytes, path: str) -> str:
     # surrogateescape keeps undecodable bytes visible as lone surrogates, so the record that holds them is the one
     # that gets rejected (with its line), not the whole file
@@ -109,6 +113,10 @@ def iter_raw_records(path: str | os.PathLike, *, tolerate_truncated_tail: bool =
         if not line.strip():
             continue
         loc = f"{name}:{lineno}"
+        if len(line) > MAX_RECORD_CHARS:
+            # one record this size is a broken export (a file without newlines, a dumped blob), not a conversation
+            yield loc, _Bad(f"line is {len(line) / 1e6:.0f} MB, over the {MAX_RECORD_CHARS // 10**6} MB limit for one record")
+            continue
         if _BAD_UTF8.search(line):
             yield loc, _Bad("invalid UTF-8 bytes")
             continue

@@ -97,10 +97,13 @@ def test_turn_records_roundtrip(tmp_path):
         ("empty.jsonl", "", False, "file is empty", "empty.jsonl"),
         ("notobj.jsonl", "[1, 2]", False, "must be a JSON object", "notobj.jsonl:1"),
         ("unknownfmt.jsonl", '{"text": "hi"}', False, "cannot tell the format", "unknownfmt.jsonl:1"),
+        ("huge.jsonl", lambda: '{"messages": [{"role": "user", "content": "hi"}]}\n{"messages": [{"role": "user", "content": "' + "x" * 50_000_000 + '"}]}', False,
+         "line is 50 MB, over the 10 MB limit", "huge.jsonl:2"),
     ],
+    ids=lambda v: v if isinstance(v, str) and v.endswith((".json", ".jsonl")) else "",
 )
 def test_malformed_input_names_location_and_reason(tmp_path, name, content, binary, reason, where):
-    p = _w(tmp_path, name, content, binary)
+    p = _w(tmp_path, name, content() if callable(content) else content, binary)  # callable: built only when run
     with pytest.raises(DataError) as e:
         load_conversations(p)
     assert reason in str(e.value)
