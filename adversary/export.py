@@ -25,6 +25,7 @@ from conversations.cli_util import friendly_errors
 from conversations.schema import DataError
 
 MANIFEST = "simulator.json"
+PENDING = MANIFEST + ".pending"  # the manifest until the export is sealed
 EXPORT_FORMAT = 1
 
 
@@ -44,7 +45,7 @@ def _hash_tree(root: Path) -> dict[str, str]:
     return {
         str(p.relative_to(root)): sha256_file(p)
         for p in sorted(root.rglob("*"))
-        if p.is_file() and p.name != MANIFEST
+        if p.is_file() and p.name not in (MANIFEST, PENDING)
     }
 
 
@@ -65,7 +66,9 @@ def export_frozen(model, tokenizer, out_dir: str | Path, manifest: dict[str, Any
         files = _hash_tree(tmp)
         doc = dict(manifest)
         doc.update(export_format=EXPORT_FORMAT, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), files=files)
-        (tmp / MANIFEST).write_text(json.dumps(doc, indent=2, sort_keys=True, default=str))
+        # written under another name and renamed last: until that rename (after the folder's own), no folder of this
+        # export has a manifest, so nothing an interrupted export leaves behind passes verify
+        (tmp / PENDING).write_text(json.dumps(doc, indent=2, sort_keys=True, default=str))
         for p in tmp.rglob("*"):
             if p.is_file():
                 os.chmod(p, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
@@ -78,6 +81,8 @@ def export_frozen(model, tokenizer, out_dir: str | Path, manifest: dict[str, Any
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, out)
+        crash_point("export_seal")
+        os.replace(out / PENDING, out / MANIFEST)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -91,6 +96,8 @@ def verify_export(path: str | Path) -> list[str]:
         return [f"{root}: not a folder"]
     mpath = root / MANIFEST
     if not mpath.exists():
+        if (root / PENDING).exists():
+            return [f"{mpath}: manifest missing: the export was interrupted before it was sealed; export again"]
         return [f"{mpath}: manifest missing (incomplete or not an export)"]
     try:
         manifest = json.loads(mpath.read_text())

@@ -127,7 +127,12 @@ def main(argv=None) -> int:
     if restored:
         cotrain.load_state_dict(restored.get("cotrain", {}))
         heldout_cb.meter_seconds = restored.get("meter_seconds", 0.0)
-    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    if resume is not None and heldout_cb.gate.stopped:
+        # the gate froze the generator before this checkpoint was written (or its step budget is spent): training
+        # again would run one more step past the freeze; go straight to the export
+        say(state, f"the gate already froze the generator ({heldout_cb.gate.reason}): exporting")
+    else:
+        trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     gate = heldout_cb.gate
     check_ranks_identical(disc, out, state)
     if faults.exceeded():

@@ -89,3 +89,15 @@ def test_interrupted_export_leaves_nothing_that_verifies(tmp_path, tiny_lm_path)
     assert not (tmp_path / "frozen").exists()
     assert list(tmp_path.iterdir()) == []  # the partial folder is cleaned up
     assert verify_export(tmp_path / "frozen") != []
+
+
+def test_unsealed_export_does_not_verify(exported, tmp_path):
+    # a kill after the folder's rename but before the manifest's leaves the manifest under its pending name
+    import shutil
+
+    copy = tmp_path / "unsealed"
+    shutil.copytree(exported[0], copy)
+    os.chmod(copy, 0o755)
+    os.replace(copy / "simulator.json", copy / "simulator.json.pending")
+    problems = verify_export(copy)
+    assert len(problems) == 1 and "interrupted before it was sealed" in problems[0]
