@@ -44,6 +44,8 @@ class StudyConfig:
         "help": "The detector panel of the final scoring."})
     study_folds: int = field(default=5, metadata={"help": "Cross-fitting folds of the final scoring."})
     n_boot: int = field(default=1000, metadata={"help": "Bootstrap resamples for CIs and paired differences."})
+    score_warmstart: bool = field(default=True, metadata={
+        "help": "Also score the shared warm start (the arms' starting point); costs one more arm's scoring."})
 
     def __post_init__(self):
         bad = [a for a in self.arms if a not in ARMS]
@@ -210,7 +212,9 @@ def main(argv=None) -> int:
     print(f"study: {len(data.heldout)} held-out contexts, arms {study.arms}, {args.max_steps} generator steps each", flush=True)
 
     start_model = warm_start(cfg, args, data)
-    results = {"warmstart": {"steps": cfg.warmstart_steps, "model_dir": start_model, "wall_seconds": 0.0, "curve": []}}
+    results = {}
+    if study.score_warmstart:
+        results["warmstart"] = {"steps": cfg.warmstart_steps, "model_dir": start_model, "wall_seconds": 0.0, "curve": []}
     for arm in study.arms:
         arm_out = out / "runs" / arm
         arm_args = copy.deepcopy(args)
