@@ -84,7 +84,15 @@ def run_adversarial_arm(cfg, args, data, start_model: str, out: Path) -> dict:
                                         faults=FaultCounter(cfg.max_faults), heldout=False)
     trainer.train()
     trainer.save_model(str(out / "model"))
-    curve = [{"step": h["step"], "reward": h.get("reward"), "disc_acc": h.get("disc/acc"), "kl": h.get("kl")}
+    # the co-training metrics are not in log_history (callbacks add them to the logs after it is written): take the
+    # discriminator's accuracy from the co-training history, the latest round at or before each logged step
+    rounds = [(h["step"], h["disc/acc"]) for h in cotrain.history]
+
+    def disc_acc(step):
+        before = [a for s, a in rounds if s <= step and a == a]
+        return before[-1] if before else None
+
+    curve = [{"step": h["step"], "reward": h.get("reward"), "disc_acc": disc_acc(h["step"]), "kl": h.get("kl")}
              for h in trainer.state.log_history if "reward" in h]
     return {"steps": trainer.state.global_step, "wall_seconds": time.time() - t0, "model_dir": str(out / "model"),
             "curve": curve}

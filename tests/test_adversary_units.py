@@ -160,3 +160,22 @@ def test_config_validation_messages():
         AdversaryConfig(heldout_contexts=5)
     with pytest.raises(ConfigError, match="heldout_detectors"):
         AdversaryConfig(heldout_detectors=["gpt"])
+
+
+def test_metric_callbacks_run_before_the_reporters(tmp_path):
+    # disc/* and faults/* are added to the logs in on_log: TensorBoard (registered first by the Trainer) must see them
+    from adversary.cotrain import FaultCounter, ReplayBuffer
+    from adversary.gate import PlateauGate
+    from adversary.loop import build_trainer
+    from adversary.stages import make_discriminator, prepare_data
+    from adversary.train import parse_args
+    from generator.model import load_generator
+
+    cfg, args = parse_args(["--config", "configs/smoke.yaml", "--output_dir", str(tmp_path), "--report_to", "tensorboard"])
+    data = prepare_data(cfg, args.seed)
+    model, tok = load_generator(cfg.model)
+    trainer, _, _ = build_trainer(cfg, args, model, tok, make_discriminator(cfg, args.seed), data, gate=PlateauGate(),
+                                  rows=[], buffer=ReplayBuffer(cfg.replay_size, seed=0), faults=FaultCounter(3))
+    names = [type(c).__name__ for c in trainer.callback_handler.callbacks]
+    first_reporter = names.index("TensorBoardCallback")
+    assert names.index("FaultGuard") < first_reporter and names.index("CoTrainCallback") < first_reporter
