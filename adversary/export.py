@@ -78,11 +78,11 @@ def export_frozen(model, tokenizer, out_dir: str | Path, manifest: dict[str, Any
             old = out.with_name(f".{out.name}.old-{os.getpid()}")
             os.replace(out, old)
             os.replace(tmp, out)
+            os.replace(out / PENDING, out / MANIFEST)
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, out)
-        crash_point("export_seal")
-        os.replace(out / PENDING, out / MANIFEST)
+            os.replace(out / PENDING, out / MANIFEST)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -262,9 +262,8 @@ def build_trainer(cfg, args, model, tokenizer, disc, data, *, gate, rows, buffer
     # FaultGuard and the co-training callback add their metrics (faults/*, disc/*) to `logs` in on_log: they must run
     # before the reporting integrations (TensorBoard, trackio, wandb) read it, and those are registered first
     handler = trainer.callback_handler
-    for cb in [c for c in handler.callbacks if isinstance(c, (FaultGuard, CoTrainCallback))][::-1]:
-        handler.callbacks.remove(cb)
-        handler.callbacks.insert(0, cb)
+    ours = [c for c in handler.callbacks if isinstance(c, (FaultGuard, CoTrainCallback))]
+    handler.callbacks = ours + [c for c in handler.callbacks if c not in ours]
     heldout_cb.trainer = trainer
     cotrain.accelerator = trainer.accelerator
     runstate.accelerator = trainer.accelerator

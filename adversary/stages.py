@@ -42,16 +42,13 @@ def base_model_td(cfg, args, data: RunData) -> dict | None:
     """The un-tuned base model's held-out td, for comparison (main process; `eval_base_model`)."""
     from accelerate import PartialState
 
-    from adversary.heldout import measure_heldout
+    from adversary.heldout import measure_heldout, simulate_heldout
     from generator.model import load_generator
-    from generator.sample import simulate_records
 
     if not cfg.eval_base_model or not PartialState().is_main_process:
         return None
     model, tok = load_generator(cfg.model, trust_remote_code=args.trust_remote_code)
-    model.eval()
-    sims = simulate_records(model, tok, data.heldout, max_new_tokens=cfg.heldout_max_new_tokens,
-                            max_context_tokens=cfg.max_context_tokens, batch_size=cfg.sim_batch_size, seed=1234)
+    sims = simulate_heldout(model, tok, data.heldout, cfg)  # eval mode, the meter's fixed sampling seed
     del model
     row = measure_heldout(data.heldout, sims, cfg)
     return {k: row[k] for k in ("td", "td_ci_low", "td_ci_high", "auc")} | {

@@ -126,13 +126,11 @@ def run_sft_arm(cfg, args, data, start_model: str, out: Path) -> dict:
 
 
 def simulate_arm(model_dir: str, data, cfg, args):
+    from adversary.heldout import simulate_heldout
     from generator.model import load_generator
-    from generator.sample import simulate_records
 
     model, tok = load_generator(model_dir, trust_remote_code=args.trust_remote_code)
-    model.eval()
-    return simulate_records(model, tok, data.heldout, max_new_tokens=cfg.heldout_max_new_tokens,
-                            max_context_tokens=cfg.max_context_tokens, batch_size=cfg.sim_batch_size, seed=1234)
+    return simulate_heldout(model, tok, data.heldout, cfg)
 
 
 def _panel_td(correct: np.ndarray, weights: np.ndarray) -> float:
