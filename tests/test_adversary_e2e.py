@@ -32,21 +32,23 @@ def curve_steps(out):
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("smoke")
-    r = launch(out)
+    r = launch(out, "--eval_base_model", "true")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return out, r
 
 
 def test_smoke_outputs(smoke_run):
     out, r = smoke_run
-    assert "done: td" in r.stdout
+    assert "done: base td" in r.stdout
     assert curve_steps(out) == [0, 2, 4]
     assert (out / "turing_curve.png").stat().st_size > 5000
     summary = json.loads((out / "summary.json").read_text())
     assert summary["gate"] in ("plateau", "target", "max_steps") and 0 <= summary["best_td"] <= 50
+    assert 0 <= summary["base_model_td"] <= 50  # the un-tuned base model, scored on the same held-out contexts
     manifest = json.loads((out / "frozen" / "simulator.json").read_text())
     assert manifest["config"]["adversary"]["model"] == "tiny-random"
     assert len(manifest["td_curve"]) == 3 and manifest["gate"]["reason"] == summary["gate"]
+    assert manifest["base_model_td"]["td"] == pytest.approx(summary["base_model_td"], abs=0.01)
     assert "model.safetensors" in manifest["files"] and manifest["prompt_format_version"]
     v = subprocess.run([sys.executable, "-m", "adversary.export", "verify", str(out / "frozen")], capture_output=True, text=True)
     assert v.returncode == 0, v.stderr
