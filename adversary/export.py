@@ -137,7 +137,10 @@ def load_frozen(path: str | Path, device: str | None = None, dtype: str = "auto"
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, use_safetensors=True)
+    from conversations.assets import whole_weights
+
+    with whole_weights():  # the frozen simulator is never wrapped by DeepSpeed: not partitioned under ZeRO-3
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, use_safetensors=True)
     if device:
         model.to(device)
     # frozen: eval mode, no grad, hashes checked at load

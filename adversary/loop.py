@@ -15,7 +15,7 @@ from transformers import TrainerCallback
 from adversary.cotrain import CoTrainCallback, FaultCounter, ReplayBuffer
 from adversary.curves import plot_curves, write_curves
 from adversary.gate import PlateauGate, Reading
-from adversary.heldout import measure_heldout, simulate_heldout
+from adversary.heldout import generation_model, measure_heldout, simulate_heldout
 from adversary.reward import build_rewards
 from adversary.state import save_state
 
@@ -58,12 +58,14 @@ class HeldoutGateCallback(TrainerCallback):
         self.out = Path(args.output_dir)
 
     # ---- one evaluation: simulate on every rank, measure on the main process, share the decision
-    def evaluate(self, step: int, model) -> None:
+    def evaluate(self, step: int) -> None:
         from accelerate.utils import broadcast_object_list
 
         acc = self.trainer.accelerator
         t0 = time.perf_counter()
-        sims = simulate_heldout(acc.unwrap_model(model), self.tok, self.data.heldout, self.cfg, acc)
+        with generation_model(self.trainer.model_wrapped, acc, merge_lora=self.cfg.heldout_merge_lora,
+                              gather_zero3=self.args.ds3_gather_for_generation) as gen:
+            sims = simulate_heldout(gen, self.tok, self.data.heldout, self.cfg, acc)
         payload = [None]
         if acc.is_main_process:
             row = {"step": step, **measure_heldout(self.data.heldout, sims, self.cfg)}
@@ -107,21 +109,21 @@ class HeldoutGateCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if not self.rows or self.rows[-1]["step"] < state.global_step:
-            self.evaluate(state.global_step, model)
+            self.evaluate(state.global_step)
             if self._stop:
                 control.should_training_stop = True
         return control
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if state.global_step % args.eval_steps == 0:
-            self.evaluate(state.global_step, model)
+            self.evaluate(state.global_step)
             if self._stop:
                 control.should_training_stop = True
         return control
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
         if self.rows and self.rows[-1]["step"] < state.global_step and not self.gate.stopped:
-            self.evaluate(state.global_step, model)
+            self.evaluate(state.global_step)
         self.gate.finish(state.global_step)
         if self.trainer.accelerator.is_main_process:
             self.write_outputs()

@@ -64,6 +64,9 @@ def resolve_resume(args) -> Path | None:
 def main(argv=None) -> int:
     t_start = time.time()
     cfg, args = parse_args(argv)
+    from generator.model import check_vllm
+
+    check_vllm(args.use_vllm)  # before any model loads: one line, not TRL's ImportError from inside the trainer
     quiet_libraries()
 
     import torch

@@ -270,8 +270,11 @@ def train(args: AgentRLArgs, grpo, callbacks: list | None = None):
 def main(argv: list[str] | None = None) -> int:
     from trl import GRPOConfig
 
+    from generator.model import check_vllm
+
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args, grpo = parse_config((AgentRLArgs, GRPOConfig), argv, prog="agent_rl/train.py")
+    check_vllm(grpo.use_vllm)
     summary, _ = train(args, grpo)
     last = summary["log_history"][-1] if summary["log_history"] else {}
     print(json.dumps({"output_dir": summary["output_dir"], "steps": summary["steps"], "last": last}, default=str))

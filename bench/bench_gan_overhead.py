@@ -16,10 +16,12 @@ step: each `train()` runs in its own thread and hands over to the other at the e
 alternate bare, adversarial, bare, ... and neighbouring steps see the same machine load (only one trainer computes
 at any time). The first `--warmup` steps of each arm are dropped. Completions are forced to the full
 `max_completion_length` (min_new_tokens) so both arms generate and train on exactly the same number of tokens
-(`--natural_lengths` turns that off). The ratio is median(adversarial step) / median(bare step); `ratio_paired` is
-the median of the ratios of neighbouring step pairs; `ratio_from_components` = 1 / (1 - median share of each
-adversarial step spent in rewards and co-training), a second estimate that load drift between steps cannot move.
-Target: <= 1.10.
+(`--natural_lengths` turns that off). Co-training runs on one step in `d_every`, so steps are compared over whole
+cycles: the measured steps of each arm are cut into consecutive cycles of `d_every` steps (each holds exactly one
+co-training step) and a cycle's figure is its mean step time. The ratio is median(adversarial cycle) / median(bare
+cycle); `ratio_paired` is the median of the ratios of neighbouring cycles; `ratio_from_components` = 1 / (1 - median
+over cycles of the share of an adversarial cycle spent in rewards and co-training), a third estimate that load drift
+between steps cannot move. Target: <= 1.10.
 """
 
 from __future__ import annotations
@@ -49,8 +51,6 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     steps = a.steps or (6 if a.tiny else 10)
-    if steps - a.warmup < 2:
-        p.error("need at least 2 measured steps per arm (--steps minus --warmup)")
 
     from adversary.train import parse_args, quiet_libraries
 
@@ -62,6 +62,8 @@ def main(argv=None) -> int:
     if a.disc_init_items:
         overrides += ["--disc_init_items", str(a.disc_init_items)]
     cfg, args = parse_args(["--config", a.config, *overrides])
+    if (steps - a.warmup) < 2 * cfg.d_every:
+        p.error(f"need at least 2 measured cycles of d_every={cfg.d_every} steps per arm (--steps minus --warmup)")
     if not a.natural_lengths:
         args.generation_kwargs = {**(args.generation_kwargs or {}), "min_new_tokens": args.max_completion_length}
     quiet_libraries()
@@ -74,10 +76,12 @@ def main(argv=None) -> int:
         for name, t in timers.items():
             log(f"  {name:11s}: " + ", ".join(f"{x:.2f}" for x in t.all))
         samples = {k: t.measured() for k, t in timers.items()}
-        med = {k: median(v) for k, v in samples.items()}
+        cycles = {k: cycle_means(v, cfg.d_every) for k, v in samples.items()}
+        med = {k: median(v) for k, v in cycles.items()}
         ratio = med["adversarial"] / med["bare"]
-        pairs = [d / b for b, d in zip(samples["bare"], samples["adversarial"])]
+        pairs = [d / b for b, d in zip(cycles["bare"], cycles["adversarial"])]
         comp = probes.per_step()
+        shares = probes.cycle_shares(cfg.d_every)
         emit({
             "bench": "gan_overhead",
             "config": str(Path(a.config).resolve().relative_to(ROOT)) if Path(a.config).resolve().is_relative_to(ROOT) else a.config,
@@ -93,20 +97,24 @@ def main(argv=None) -> int:
             "steps_per_arm": steps,
             "warmup_steps": a.warmup,
             "samples_per_arm": {k: len(v) for k, v in samples.items()},
-            "median_step_s_bare": r(med["bare"]),
-            "median_step_s_adversarial": r(med["adversarial"]),
-            "iqr_step_s_bare": [r(x) for x in iqr(samples["bare"])],
-            "iqr_step_s_adversarial": [r(x) for x in iqr(samples["adversarial"])],
+            "cycles_per_arm": {k: len(v) for k, v in cycles.items()},
+            "step_s_bare": [r(x) for x in samples["bare"]],
+            "step_s_adversarial": [r(x) for x in samples["adversarial"]],
+            "median_cycle_step_s_bare": r(med["bare"]),
+            "median_cycle_step_s_adversarial": r(med["adversarial"]),
+            "iqr_cycle_step_s_bare": [r(x) for x in iqr(cycles["bare"])],
+            "iqr_cycle_step_s_adversarial": [r(x) for x in iqr(cycles["adversarial"])],
             "ratio": r(ratio),
             "ratio_paired": r(median(pairs)),
             "ratio_pairs": [r(x) for x in pairs],
-            # where the extra time goes, per adversarial step (medians over the measured steps)
+            # where the extra time goes, per adversarial step (means over the measured steps: co-training is on one
+            # step in d_every, so this is its amortised cost)
             "adv_seconds_per_step": {k: r(v) for k, v in comp.items()},
-            # a second estimate, insensitive to load drift between steps: within each adversarial step, the share
-            # of its time spent in the discriminator reward, the other reward terms and co-training; were the rest
-            # of the step a bare step, the ratio would be 1 / (1 - share)
-            "extra_share_median": r(median(probes.extra_share), 4),
-            "ratio_from_components": r(1 / (1 - median(probes.extra_share))),
+            # insensitive to load drift between steps: within each adversarial cycle, the share of its time spent in
+            # the discriminator reward, the other reward terms and co-training; were the rest of the cycle bare
+            # steps, the ratio would be 1 / (1 - share)
+            "extra_share_median": r(median(shares), 4),
+            "ratio_from_components": r(1 / (1 - median(shares))),
             "disc_init": disc_info,
             "disc_updates_per_step": probes.updates,
             "target": TARGET,
@@ -197,7 +205,8 @@ class Probes:
         self.samples: dict[str, list[float]] = {"disc_reward": [], "other_rewards": [], "cotrain": []}
         self.step: dict[str, float] = {}
         self.updates: list[int] = []
-        self.extra_share: list[float] = []  # per measured step: (rewards + co-training) seconds / step seconds
+        self.extra: list[float] = []  # per measured step: rewards + co-training seconds
+        self.seconds: list[float] = []  # per measured step: the step's seconds
 
     def add(self, key, dt):
         self.step[key] = self.step.get(key, 0.0) + dt
@@ -206,11 +215,21 @@ class Probes:
         if measured:
             for k in self.samples:
                 self.samples[k].append(self.step.get(k, 0.0))
-            self.extra_share.append(sum(self.step.values()) / step_seconds)
+            self.extra.append(sum(self.step.values()))
+            self.seconds.append(step_seconds)
         self.step = {}
 
     def per_step(self) -> dict:
-        return {k: median(v) for k, v in self.samples.items()}
+        return {k: sum(v) / len(v) for k, v in self.samples.items() if v}
+
+    def cycle_shares(self, k: int) -> list[float]:
+        n = len(self.extra) // k * k
+        return [sum(self.extra[i:i + k]) / sum(self.seconds[i:i + k]) for i in range(0, n, k)]
+
+
+def cycle_means(values: list[float], k: int) -> list[float]:
+    """Mean of each run of k consecutive values; an incomplete last run is dropped."""
+    return [sum(values[i:i + k]) / k for i in range(0, len(values) // k * k, k)]
 
 
 def timed_reward(fn, probes: Probes, key: str):
@@ -271,7 +290,8 @@ def build(cfg, args, warmup: int):
         t0 = time.perf_counter()
         out = original_on_step_end(args_, state, control, **kw)
         probes.add("cotrain", time.perf_counter() - t0)
-        probes.updates.append(int(cotrain.last.get("disc/updates", 0)))
+        cotrained = state.global_step % cfg.d_every == 0  # otherwise `last` still holds the previous round's figures
+        probes.updates.append(int(cotrain.last.get("disc/updates", 0)) if cotrained else 0)
         return out
 
     cotrain.on_step_end = cotrain_timed

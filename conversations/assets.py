@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from conversations.embedded import cache_dir, package_dir
@@ -151,3 +152,23 @@ def describe(name_or_path: str) -> dict:
 if __name__ == "__main__":  # python -m conversations.assets: build every embedded asset now
     for a in ASSETS:
         print(json.dumps({"asset": a, "path": resolve_model(a)}))
+
+
+@contextmanager
+def whole_weights():
+    """`from_pretrained` with whole (unpartitioned) weights even under DeepSpeed ZeRO-3. Once the Trainer's DeepSpeed
+    config exists, transformers loads every model inside `deepspeed.zero.Init`, which partitions its weights over the
+    ranks; models DeepSpeed never wraps (the discriminator, a generator used before its trainer exists, the export's
+    merge) would then hold shards nobody gathers. The generator handed to a trainer is partitioned by the trainer's
+    `accelerator.prepare`. Outside ZeRO-3 this does nothing."""
+    try:
+        from transformers.integrations import deepspeed as hf_ds
+    except ImportError:  # pragma: no cover - every supported transformers has it
+        yield
+        return
+    ref = getattr(hf_ds, "_hf_deepspeed_config_weak_ref", None)
+    hf_ds._hf_deepspeed_config_weak_ref = None
+    try:
+        yield
+    finally:
+        hf_ds._hf_deepspeed_config_weak_ref = ref

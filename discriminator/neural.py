@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from conversations import DataError, TurnRecord
-from conversations.assets import resolve_model
+from conversations.assets import resolve_model, whole_weights
 from discriminator.classical import check_labels
 from discriminator.features import render_pairs
 
@@ -147,7 +147,8 @@ class NeuralDiscriminator:
         path = resolve_model(self.backbone)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=self.trust_remote_code)
-            with _quiet_transformers(), torch.random.fork_rng(devices=self._rng_devices()):
+            # whole_weights: never partitioned by ZeRO-3 (DeepSpeed does not wrap the discriminator)
+            with _quiet_transformers(), torch.random.fork_rng(devices=self._rng_devices()), whole_weights():
                 torch.manual_seed(self.seed)  # the new classification head starts the same for a given seed
                 model = AutoModelForSequenceClassification.from_pretrained(
                     path, num_labels=1, dtype=torch.float32, trust_remote_code=self.trust_remote_code
@@ -184,7 +185,11 @@ class NeuralDiscriminator:
         groups = [{"params": body, "lr": self.lr}]
         if head:
             groups.append({"params": head, "lr": self.head_lr if self.head_lr is not None else self.lr})
-        self.optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=self.lr, weight_decay=self.weight_decay)
+        groups = [g for g in groups if g["params"]]
+        try:  # fused: one kernel for all parameters, 16 ms a step for MiniLM-L6 on 2 CPU cores against ~90 ms
+            self.optimizer = torch.optim.AdamW(groups, lr=self.lr, weight_decay=self.weight_decay, fused=True)
+        except (RuntimeError, TypeError):  # a device or dtype the fused kernel does not support
+            self.optimizer = torch.optim.AdamW(groups, lr=self.lr, weight_decay=self.weight_decay)
 
     @staticmethod
     def _is_head(name: str) -> bool:
@@ -322,7 +327,17 @@ class NeuralDiscriminator:
         eval mode, under torch.inference_mode."""
         if not len(items):
             return np.zeros(0)
-        feats = self.encode(items)
+        # identical inputs are scored once: in co-training the real turn of a context comes with each of its
+        # `num_generations` simulated turns
+        first: dict[tuple, int] = {}
+        where = []  # item -> its unique input
+        feats = []
+        for f in self.encode(items):
+            key = tuple(tuple(f[n]) for n in sorted(f))
+            if key not in first:
+                first[key] = len(feats)
+                feats.append(f)
+            where.append(first[key])
         order = np.argsort([-len(f["input_ids"]) for f in feats], kind="stable")
         out = torch.empty(len(feats), dtype=torch.float32)
         was_training = self.model.training
@@ -332,7 +347,7 @@ class NeuralDiscriminator:
                 idx = order[start:start + self.score_batch_size]
                 out[torch.as_tensor(idx)] = self._logits(self._collate([feats[i] for i in idx])).float().cpu()
         self.model.train(was_training)
-        return out.numpy().astype(np.float64)
+        return out.numpy().astype(np.float64)[np.asarray(where)]
 
     def predict_proba(self, items: Sequence[TurnRecord]) -> np.ndarray:
         """P(real) per item, [n]."""

@@ -113,7 +113,7 @@ def load_generator(
     trainable when `lora` is given). With `lora` and a plain model, a fresh adapter is added."""
     from transformers import AutoModelForCausalLM
 
-    from conversations.assets import resolve_model
+    from conversations.assets import resolve_model, whole_weights
 
     path = resolve_model(name_or_path)
     device = pick_device(device)
@@ -123,7 +123,8 @@ def load_generator(
     tok_path = path if (Path(path) / "tokenizer_config.json").exists() else base_path
 
     tokenizer = load_tokenizer(tok_path, trust_remote_code)
-    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+    with whole_weights():  # under ZeRO-3 the trainer's `prepare` partitions it, not the load
+        model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch_dtype, trust_remote_code=trust_remote_code)
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     if getattr(model.config, "pad_token_id", None) is None:
@@ -158,3 +159,22 @@ def count_trainable(model) -> tuple[int, int]:
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     return trainable, total
+
+
+def check_vllm(use_vllm: bool) -> None:
+    """`use_vllm: true` (TRL's GRPO generation through vLLM) needs vLLM and a GPU: say so up front, in one line,
+    instead of an ImportError from inside the trainer's constructor."""
+    if not use_vllm:
+        return
+    import importlib.util
+
+    import torch
+
+    missing = []
+    if importlib.util.find_spec("vllm") is None:
+        missing.append("vLLM is not installed (pip install -e '.[gpu]')")
+    if not torch.cuda.is_available():
+        missing.append("no GPU is visible")
+    if missing:
+        raise ConfigError(f"use_vllm: true, but {' and '.join(missing)}; run with --use_vllm false to generate with "
+                          "transformers")

@@ -88,6 +88,15 @@ def test_bad_config_key_is_one_clear_line(tmp_path):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message a machine without a GPU gets")
+def test_use_vllm_without_vllm_or_gpu_is_one_clear_line():
+    r = subprocess.run([sys.executable, str(ROOT / "adversary" / "train.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
+                        "--use_vllm", "true"], capture_output=True, text=True, env=ENV, timeout=120)
+    assert r.returncode == 2
+    assert "use_vllm: true" in r.stderr and "no GPU is visible" in r.stderr and "--use_vllm false" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
 @pytest.mark.distributed
 def test_two_processes_keep_discriminator_identical(tmp_path):
     out = tmp_path / "ddp"

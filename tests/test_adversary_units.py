@@ -179,3 +179,34 @@ def test_metric_callbacks_run_before_the_reporters(tmp_path):
     names = [type(c).__name__ for c in trainer.callback_handler.callbacks]
     first_reporter = names.index("TensorBoardCallback")
     assert names.index("FaultGuard") < first_reporter and names.index("CoTrainCallback") < first_reporter
+
+
+def test_heldout_generation_uses_a_merged_copy_and_leaves_the_adapter_alone(tiny_lm_path):
+    """The held-out meter generates with a merged copy of the LoRA generator: plain linear layers, the same logits,
+    and the training model (adapter and base weights) untouched afterwards."""
+    from accelerate import Accelerator
+
+    from adversary.heldout import generation_model
+    from generator.model import LoraSettings, load_generator
+
+    model, _ = load_generator("tiny-random", lora=LoraSettings(r=4, alpha=8))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5)  # a non-zero adapter: merging must matter
+    before = {n: p.detach().clone() for n, p in model.state_dict().items()}
+    ids = torch.arange(1, 9)[None]
+    model.eval()  # LoRA dropout off: the reference logits
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+    model.train()
+    acc = Accelerator(cpu=True)
+    with generation_model(model, acc, merge_lora=True) as gen:
+        assert gen is not model and not any("lora_" in n for n, _ in gen.named_parameters())
+        with torch.no_grad():
+            torch.testing.assert_close(gen(input_ids=ids).logits, want, atol=1e-4, rtol=1e-4)
+    after = model.state_dict()
+    assert model.training  # the caller's mode is its own business: the copy was put in eval mode, not the model
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    with generation_model(model, acc, merge_lora=False) as gen:
+        assert gen is model

@@ -38,3 +38,51 @@ def test_real_assets_load_offline():
     with torch.inference_mode():
         x = AutoTokenizer.from_pretrained(resolve_model("minilm-l6"))(["hello world"], return_tensors="pt")
         assert torch.isfinite(enc(**x).last_hidden_state).all()
+
+
+def test_whole_weights_hides_a_zero3_config_while_loading():
+    """Under ZeRO-3 transformers loads inside zero.Init; whole_weights turns that off for the block and restores it."""
+    from transformers.integrations import deepspeed as hf_ds
+
+    from conversations.assets import whole_weights
+
+    class Zero3Config:  # stands in for HfTrainerDeepSpeedConfig (DeepSpeed is not installed on the CPU machines)
+        def is_zero3(self):
+            return True
+
+    cfg = Zero3Config()
+    hf_ds.set_hf_deepspeed_config(cfg)
+    try:
+        assert hf_ds.is_deepspeed_zero3_enabled()
+        with whole_weights():
+            assert not hf_ds.is_deepspeed_zero3_enabled()
+        assert hf_ds.is_deepspeed_zero3_enabled()
+        with pytest.raises(RuntimeError), whole_weights():  # restored on errors too
+            raise RuntimeError("load failed")
+        assert hf_ds.is_deepspeed_zero3_enabled()
+    finally:
+        hf_ds.unset_hf_deepspeed_config()
+
+
+def test_models_never_wrapped_by_deepspeed_load_whole_under_zero3(tiny_lm_path):
+    """With a ZeRO-3 config present, a plain from_pretrained goes through zero.Init (here: needs DeepSpeed, absent);
+    the generator loader, the discriminator and the frozen-export loader load whole weights instead."""
+    from transformers.integrations import deepspeed as hf_ds
+
+    from discriminator.neural import NeuralDiscriminator
+    from generator.model import load_generator
+
+    class Zero3Config:
+        def is_zero3(self):
+            return True
+
+    cfg = Zero3Config()
+    hf_ds.set_hf_deepspeed_config(cfg)
+    try:
+        with pytest.raises(ImportError):  # proves the config is live: zero.Init was attempted
+            AutoModelForCausalLM.from_pretrained(tiny_lm_path)
+        model, _ = load_generator("tiny-random")
+        assert all(p.numel() > 0 for p in model.parameters())  # whole, not partitioned
+        NeuralDiscriminator("tiny-random-encoder")
+    finally:
+        hf_ds.unset_hf_deepspeed_config()

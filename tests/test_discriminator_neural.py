@@ -66,6 +66,14 @@ def test_score_is_batched_and_order_independent(tiny_encoder_path, data):
     np.testing.assert_allclose(d.score([items[i] for i in perm]), s[perm], atol=1e-5)
     np.testing.assert_allclose(d.predict_proba(items), 1 / (1 + np.exp(-s)))
     assert d.score([]).shape == (0,)
+    # repeated items (a context's real turn beside each of its simulated turns) are scored once, in place
+    calls = []
+    forward = d.model.forward
+    d.model.forward = lambda *a, **k: calls.append(k["input_ids"].shape[0]) or forward(*a, **k)
+    twice = d.score(items[:3] + items[:3] + [items[0]])
+    d.model.forward = forward
+    np.testing.assert_allclose(twice, np.concatenate([s[:3], s[:3], s[:1]]), atol=1e-5)
+    assert sum(calls) == 3
 
 
 def test_encoding_keeps_context_tail_and_fits_max_length(tiny_encoder_path):

@@ -182,3 +182,79 @@ def test_openai_assistant_in_a_simulation(chat_server, tiny, monkeypatch):
     conv = simulate_conversation(model, tok, OpenAIAssistant(chat_server, "m"), max_turns=2, max_new_tokens=3)
     assert conv.messages[1]["content"] == "re: " + conv.messages[0]["content"]
     assert _ChatHandler.seen[0]["auth"] is None  # no key set: unauthenticated, still works
+
+
+def test_shared_prefix_cache_layout_and_same_tokens(tiny):
+    """Prompts that share the system prompt: the batch is laid out prefix + pads + rest with one cache for the
+    prefix, and greedy decoding gives the same tokens as plain left padding."""
+    from generator.prompts import render_prompt
+    from generator.sample import generate_texts, prefix_cache_batch
+
+    model, tok = tiny
+    contexts = [CTX, [{"role": "user", "content": "book me a table for four tonight somewhere quiet please"}],
+                [{"role": "user", "content": "x"}]]
+    prompts = [render_prompt(tok, c) for c in contexts]
+    rows = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    ids, mask, kw = prefix_cache_batch(model, rows, tok.pad_token_id, "cpu")
+    (cache,) = kw.values()
+    p = cache.get_seq_length()
+    assert p >= 16 and all(r[:p] == rows[0][:p] for r in rows)
+    for row, i, m in zip(rows, ids.tolist(), mask.tolist()):
+        assert [t for t, keep in zip(i, m) if keep] == row  # masking the pads gives back the row
+        assert m[:p] == [1] * p and sum(m) == len(row)
+    assert prefix_cache_batch(model, rows[:1], tok.pad_token_id, "cpu") is None  # one row: nothing to share
+    # the same next-token logits at every decoding step as plain left padding, and they differ between rows
+    greedy = dict(max_new_tokens=3, do_sample=False, return_dict_in_generate=True, output_logits=True,
+                  pad_token_id=tok.pad_token_id)
+    with torch.inference_mode():
+        shared = model.generate(input_ids=ids, attention_mask=mask, **kw, **greedy).logits
+        plain_batch = tok.pad({"input_ids": rows}, padding=True, padding_side="left", return_tensors="pt")
+        plain = model.generate(**plain_batch, **greedy).logits
+    for a, b in zip(shared, plain):  # (B, vocab) per step
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    assert (plain[0][0] - plain[0][1]).abs().max() > 1e-3
+    texts = dict(max_new_tokens=4, temperature=0, batch_size=3)
+    assert generate_texts(model, tok, prompts, share_prefix=True, **texts) == \
+        generate_texts(model, tok, prompts, share_prefix=False, **texts)
+
+
+@pytest.mark.parametrize("temperature,top_p,top_k,candidates", [
+    (1.0, 0.9, 0, 64),   # nucleus inside the candidates
+    (1.3, 0.95, 0, 3),   # nucleus wider than the candidates: the full-sort rows
+    (0.7, 1.0, 0, 5),    # no top-p: every token can be drawn
+    (1.0, 0.8, 4, 64),   # top-k, then top-p within it
+])
+def test_nucleus_sampler_draws_from_transformers_sampling_distribution(temperature, top_p, top_k, candidates):
+    """Never a token transformers' warpers remove, every token they keep that is likely enough to show up in 40k
+    draws, and the same frequencies within sampling error."""
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    from generator.sample import NucleusSampler
+
+    g = torch.Generator().manual_seed(0)
+    vocab, n = 16, 40_000
+    logits = torch.randn(1, vocab, generator=g) * 2
+    ref = TemperatureLogitsWarper(temperature)(None, logits.clone())
+    if top_k:
+        ref = TopKLogitsWarper(top_k)(None, ref)
+    if top_p < 1:
+        ref = TopPLogitsWarper(top_p)(None, ref)
+    want = ref.softmax(-1)[0]
+    torch.manual_seed(1)
+    out = NucleusSampler(temperature, top_p, top_k, candidates=candidates)(None, logits.expand(n, vocab).clone())
+    assert ((out == 0).sum(-1) == 1).all() and torch.isinf(out).sum() == n * (vocab - 1)  # one token per row
+    freq = torch.bincount(out.argmax(-1), minlength=vocab).float() / n
+    assert not ((freq > 0) & (want == 0)).any()
+    assert (freq[want > 1e-3] > 0).all()
+    assert (freq - want).abs().max() < 0.01  # 40k draws: the standard error is <= 0.0025
+
+
+def test_nucleus_sampler_is_seeded_by_the_torch_rng():
+    from generator.sample import NucleusSampler
+
+    scores = torch.randn(8, 100)
+    torch.manual_seed(3)
+    a = NucleusSampler(1.0, 0.95)(None, scores.clone())
+    torch.manual_seed(3)
+    b = NucleusSampler(1.0, 0.95)(None, scores.clone())
+    assert torch.equal(a, b)
