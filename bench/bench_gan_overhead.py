@@ -44,24 +44,26 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", default=str(ROOT / "configs" / "demo.yaml"), help="preset whose models, batch and lengths are used")
     p.add_argument("--tiny", action="store_true", help="tiny-random generator and encoder (fast; not the default's numbers)")
-    p.add_argument("--steps", type=int, default=None, help="steps per arm, warm-up included (default 10, 6 with --tiny)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="steps per arm, warm-up included (default: warm-up + 3 cycles of d_every steps, 2 with --tiny)")
     p.add_argument("--warmup", type=int, default=2, help="first steps of each arm that are not counted")
     p.add_argument("--disc_init_items", type=int, default=None, help="items of the discriminator's initial fit (default: the preset's)")
     p.add_argument("--natural_lengths", action="store_true", help="let completions stop at end-of-turn (lengths then differ by arm)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
-    steps = a.steps or (6 if a.tiny else 10)
 
     from adversary.train import parse_args, quiet_libraries
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_gan."))
     overrides = ["--output_dir", str(tmp), "--report_to", "none", "--logging_steps", "100000", "--save_strategy", "no",
-                 "--max_steps", str(steps), "--disable_tqdm", "true", "--seed", str(a.seed)]
+                 "--disable_tqdm", "true", "--seed", str(a.seed)]
     if a.tiny:
         overrides += ["--model", "tiny-random", "--discriminator", "tiny-random-encoder"]
     if a.disc_init_items:
         overrides += ["--disc_init_items", str(a.disc_init_items)]
     cfg, args = parse_args(["--config", a.config, *overrides])
+    steps = a.steps or a.warmup + (2 if a.tiny else 3) * cfg.d_every
+    args.max_steps = steps
     if (steps - a.warmup) < 2 * cfg.d_every:
         p.error(f"need at least 2 measured cycles of d_every={cfg.d_every} steps per arm (--steps minus --warmup)")
     if not a.natural_lengths:
