@@ -20,8 +20,10 @@ from generator.prompts import strip_end_marker
 from generator.sample import simulate_records
 
 
-def simulate_heldout(model, tokenizer, records: list[TurnRecord], cfg, accelerator=None, seed: int = 1234) -> list[TurnRecord]:
-    """Simulate one turn per held-out context (sharded over ranks when `accelerator` has several processes)."""
+def simulate_heldout(model, tokenizer, records: list[TurnRecord], cfg, accelerator=None, seed: int = 1234,
+                     **generate_kw) -> list[TurnRecord]:
+    """Simulate one turn per held-out context (sharded over ranks when `accelerator` has several processes).
+    `generate_kw` go to `generator.sample.generate_texts` (e.g. `share_prefix`, `fast_sampling`)."""
     n_proc = accelerator.num_processes if accelerator is not None else 1
     rank = accelerator.process_index if accelerator is not None else 0
     per = math.ceil(len(records) / n_proc)
@@ -38,6 +40,7 @@ def simulate_heldout(model, tokenizer, records: list[TurnRecord], cfg, accelerat
             max_context_tokens=cfg.max_context_tokens,
             batch_size=cfg.sim_batch_size,
             seed=seed + rank,
+            **generate_kw,
         )
     finally:
         model.train(was_training)
@@ -66,12 +69,7 @@ def generation_model(model_wrapped, accelerator, *, merge_lora: bool = True, gat
     sharded = accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP)
     with unwrap_model_for_generation(model_wrapped, accelerator, gather_deepspeed3_params=gather_zero3) as model:
         if merge_lora and not sharded and hasattr(model, "merge_and_unload"):
-            merged = copy.deepcopy(model).merge_and_unload()  # + one copy of the weights for the evaluation
-            merged.eval()
-            try:
-                yield merged
-            finally:
-                del merged
+            yield copy.deepcopy(model).merge_and_unload().eval()  # + one copy of the weights for the evaluation
         else:
             yield model
 

@@ -70,8 +70,7 @@ def main(argv=None) -> int:
         kw = dict(share_prefix=i >= 2, fast_sampling=i >= 3)
         t0 = time.perf_counter()
         with generation_model(model, acc, merge_lora=i >= 1) as gen:
-            simulate = _with_generate_kwargs(simulate_heldout, kw)
-            simulate(gen, tok, data.heldout, cfg)
+            simulate_heldout(gen, tok, data.heldout, cfg, **kw)
         return time.perf_counter() - t0
 
     run("batch_64")  # warm-up
@@ -94,21 +93,6 @@ def main(argv=None) -> int:
         "speedup_vs_before": {v: r(best["before"] / x) for v, x in best.items()},
     })
     return 0
-
-
-def _with_generate_kwargs(simulate, extra: dict):
-    """simulate_heldout with extra keyword arguments for `generator.sample.generate_texts`."""
-    import adversary.heldout as heldout
-
-    def wrapped(*args, **kwargs):
-        original = heldout.simulate_records
-        heldout.simulate_records = lambda *a, **k: original(*a, **k, **extra)
-        try:
-            return simulate(*args, **kwargs)
-        finally:
-            heldout.simulate_records = original
-
-    return wrapped
 
 
 if __name__ == "__main__":

@@ -149,11 +149,6 @@ def describe(name_or_path: str) -> dict:
     return {"name": str(name_or_path), "embedded": is_asset(str(name_or_path)), "path": resolve_model(name_or_path)}
 
 
-if __name__ == "__main__":  # python -m conversations.assets: build every embedded asset now
-    for a in ASSETS:
-        print(json.dumps({"asset": a, "path": resolve_model(a)}))
-
-
 @contextmanager
 def whole_weights():
     """`from_pretrained` with whole (unpartitioned) weights even under DeepSpeed ZeRO-3. Once the Trainer's DeepSpeed
@@ -172,3 +167,8 @@ def whole_weights():
         yield
     finally:
         hf_ds._hf_deepspeed_config_weak_ref = ref
+
+
+if __name__ == "__main__":  # python -m conversations.assets: build every embedded asset now
+    for a in ASSETS:
+        print(json.dumps({"asset": a, "path": resolve_model(a)}))

@@ -63,7 +63,8 @@ def generate_texts(
     fast_sampling: bool = True,
 ) -> list[tuple[str, bool]]:
     """(text, hit_token_limit) for each rendered prompt, in order. Prompts are batched by length (less padding) and
-    left-padded; generation stops at any end-of-turn token. The global torch RNG is left as it was.
+    left-padded (padded after their shared prefix with `share_prefix`); generation stops at any end-of-turn token.
+    The global torch RNG is left as it was.
 
     `share_prefix`: the tokens every prompt of a batch starts with (the simulator's system prompt: ~95 of a demo
     prompt's ~140 tokens) are run once and their key/value cache shared by the batch (`prefix_cache_batch`), which
@@ -89,9 +90,10 @@ def generate_texts(
         pad_token_id=tokenizer.pad_token_id,
         use_cache=True,
     )
-    if temperature and temperature > 0 and not fast_sampling:
+    sampling = bool(temperature and temperature > 0)
+    if sampling and not fast_sampling:
         gen_kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k)
-    elif temperature and temperature > 0:
+    elif sampling:
         # sampling as a greedy step over Gumbel-perturbed logits (NucleusSampler): the same distribution as
         # transformers' temperature/top-k/top-p sampling, without its full sort and multinomial over the vocabulary
         from transformers import LogitsProcessorList
