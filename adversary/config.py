@@ -27,6 +27,13 @@ class AdversaryConfig:
     max_turn_chars: int = field(default=400, metadata={
         "help": "Train and evaluate on user turns up to this many characters (long pasted documents are a different task)."})
     max_context_tokens: int = field(default=256, metadata={"help": "Token budget of the simulator's prompt (left-truncated)."})
+    dtype: str = field(default="auto", metadata={
+        "help": "Precision of every stage: auto (bf16 on GPUs and on CPUs whose bf16 matmul is fast, measured once and "
+                "cached; fp32 otherwise), bf16 or fp32. An explicit --bf16/--fp16 trainer flag means the same."})
+    sim_temperature: float = field(default=1.0, metadata={
+        "help": "Sampling temperature of the simulator outside GRPO: held-out evaluation, the discriminator's simulated "
+                "turns, and the default the export records for its users."})
+    sim_top_p: float = field(default=0.95, metadata={"help": "Nucleus mass of that sampling (1 turns it off)."})
     train_contexts: int = field(default=512, metadata={"help": "Training contexts for the adversarial phase."})
 
     # ---- LoRA of the generator
@@ -110,6 +117,33 @@ class AdversaryConfig:
         for ok, msg in checks:
             if not ok:
                 raise ConfigError(f"{msg}; fix it in the YAML config or with --{msg.split()[0]} on the command line")
+        from conversations.precision import normalise_dtype
+
+        self.dtype = normalise_dtype(self.dtype)
+        if self.sim_temperature <= 0 or not 0 < self.sim_top_p <= 1:
+            raise ConfigError("need sim_temperature > 0 and 0 < sim_top_p <= 1; fix it in the YAML config or with "
+                              "--sim_temperature / --sim_top_p on the command line")
         bad = [d for d in self.heldout_detectors if d not in DETECTORS]
         if bad or not self.heldout_detectors:
             raise ConfigError(f"heldout_detectors: unknown {bad} (choose from {', '.join(DETECTORS)})")
+
+
+def parse_job(extra_types: tuple, argv, prog: str, default_config=None):
+    """(AdversaryConfig, GRPOConfig, *extra) from `--config FILE.yaml` (default `default_config`) and `--key value`
+    overrides, with the run's one precision resolved and applied to the trainer config: every stage of the process
+    (warm start, GRPO, the study's arms) must agree on it, since the first trainer fixes accelerate's process-wide
+    mixed precision."""
+    import sys
+
+    from trl import GRPOConfig
+
+    from conversations.config import given_keys, parse_config
+    from conversations.precision import apply_precision, run_precision
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if default_config is not None and "--config" not in argv:
+        argv = ["--config", str(default_config)] + argv
+    cfg, args, *extra = parse_config((AdversaryConfig, GRPOConfig, *extra_types), argv, prog=prog)
+    cfg.dtype = run_precision(cfg.dtype, args, given_keys(argv))
+    apply_precision(args, cfg.dtype)
+    return (cfg, args, *extra)

@@ -12,7 +12,11 @@ from pathlib import Path
 from typing import Any
 
 # the first columns, in order; any other keys (each detector's td, diagnostics) follow sorted
-FIRST = ["step", "td", "td_ci_low", "td_ci_high", "signed", "auc", "paired_accuracy", "disc_acc", "gen_reward", "kl"]
+FIRST = ["step", "td/panel", "td/ci_low", "td/ci_high", "td/signed", "td/auc", "td/paired_accuracy", "disc/acc",
+         "disc/heldout_acc", "gen/reward", "gen/kl", "diag/truncated_rate", "diag/end_rate"]
+# td/* keys that are not a detector's own td
+TD_SUMMARY = {"panel", "ci_low", "ci_high", "signed", "auc", "paired_accuracy", "headline", "meter_seconds",
+              "eval_seconds"}
 
 
 def write_curves(rows: list[dict[str, Any]], path: str | Path) -> Path:
@@ -64,17 +68,19 @@ def plot_curves(rows: list[dict[str, Any]], path: str | Path, *, freeze_step: in
     steps = [r["step"] for r in rows]
     fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=120)
     if rows:
-        td = [r["td"] for r in rows]
-        lo = [r.get("td_ci_low") if r.get("td_ci_low") is not None else r["td"] for r in rows]
-        hi = [r.get("td_ci_high") if r.get("td_ci_high") is not None else r["td"] for r in rows]
+        td = [r["td/panel"] for r in rows]
+        lo = [r.get("td/ci_low") if r.get("td/ci_low") is not None else r["td/panel"] for r in rows]
+        hi = [r.get("td/ci_high") if r.get("td/ci_high") is not None else r["td/panel"] for r in rows]
         ax.fill_between(steps, lo, hi, alpha=0.2, color="C0", label="panel td 95% CI")
         ax.plot(steps, td, "-o", color="C0", lw=2, label="panel td (max over detectors)")
-        detectors = sorted({k[len("td/"):] for r in rows for k in r if k.startswith("td/") and k != "td/panel"})
+        detectors = sorted({k[len("td/"):] for r in rows for k in r if k.startswith("td/") and k[3:] not in TD_SUMMARY})
         for i, name in enumerate(detectors, start=1):
             ax.plot(steps, [r.get(f"td/{name}") for r in rows], "--", lw=1, color=f"C{i}", label=f"{name}")
-        if any(r.get("disc_acc") is not None for r in rows):
-            ax.plot(steps, [abs(r["disc_acc"] * 100 - 50) if r.get("disc_acc") is not None else None for r in rows],
-                    ":", color="gray", lw=1, label="training discriminator |acc-50|")
+        for key, style, label in (("disc/acc", ":", "training discriminator |acc-50|"),
+                                  ("disc/heldout_acc", "-.", "training discriminator |acc-50|, fresh pairs")):
+            if any(r.get(key) is not None for r in rows):
+                ax.plot(steps, [abs(r[key] * 100 - 50) if r.get(key) is not None else None for r in rows], style,
+                        color="gray", lw=1, label=label)
     if best_step is not None:
         ax.axvline(best_step, color="green", lw=1, alpha=0.7, label=f"best (exported) step {best_step}")
     if freeze_step is not None:

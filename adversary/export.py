@@ -121,16 +121,21 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
     return json.loads((Path(path) / MANIFEST).read_text())
 
 
-def load_frozen(path: str | Path, device: str | None = None, dtype: str = "auto"):
-    """Load a frozen simulator after checking every hash: (model in eval mode, tokenizer, manifest)."""
+def load_frozen(path: str | Path, device: str | None = None, dtype="auto"):
+    """Load a frozen simulator after checking every hash: (model in eval mode, tokenizer, manifest). `dtype`: a
+    torch dtype, a name, or auto (the inference dtype of this process's precision, `conversations.precision`)."""
     problems = verify_export(path)
     if problems:
         raise ExportError("refusing to load a modified or incomplete export: " + "; ".join(problems[:5]), str(path))
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if dtype == "auto":
-        torch_dtype = torch.bfloat16 if (device or "").startswith("cuda") else torch.float32
+    if isinstance(dtype, torch.dtype):
+        torch_dtype = dtype
+    elif dtype == "auto":
+        from conversations.precision import inference_dtype, resolve_precision
+
+        torch_dtype = inference_dtype(resolve_precision("auto", device))
     else:
         torch_dtype = getattr(torch, dtype)
     tok = AutoTokenizer.from_pretrained(str(path))

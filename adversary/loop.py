@@ -15,7 +15,8 @@ from transformers import TrainerCallback
 from adversary.cotrain import CoTrainCallback, FaultCounter, ReplayBuffer
 from adversary.curves import plot_curves, write_curves
 from adversary.gate import PlateauGate, Reading
-from adversary.heldout import generation_model, measure_heldout, simulate_heldout
+from adversary.heldout import measure_heldout, simulate_heldout
+from generator.engine import inference_model
 from adversary.reward import build_rewards
 from adversary.state import save_state
 
@@ -63,20 +64,20 @@ class HeldoutGateCallback(TrainerCallback):
 
         acc = self.trainer.accelerator
         t0 = time.perf_counter()
-        with generation_model(self.trainer.model_wrapped, acc, merge_lora=self.cfg.heldout_merge_lora,
-                              gather_zero3=self.args.ds3_gather_for_generation) as gen:
-            sims = simulate_heldout(gen, self.tok, self.data.heldout, self.cfg, acc)
+        with inference_model(self.trainer.model_wrapped, acc, precision=self.cfg.dtype,
+                             merge_lora=self.cfg.heldout_merge_lora, gather_zero3=self.args.ds3_gather_for_generation) as gen:
+            sims = simulate_heldout(gen, self.tok, self.data.heldout, self.cfg, acc, precision=self.cfg.dtype)
         payload = [None]
         if acc.is_main_process:
             row = {"step": step, **measure_heldout(self.data.heldout, sims, self.cfg)}
-            row["disc_acc"] = self.cotrain.last.get("disc/acc")
+            row["disc/acc"] = self.cotrain.last.get("disc/acc")
             hist = self.trainer.state.log_history
             rewards = [h["reward"] for h in hist if "reward" in h]
             kls = [h["kl"] for h in hist if "kl" in h]
-            row["gen_reward"] = rewards[-1] if rewards else None
-            row["kl"] = kls[-1] if kls else None
-            decision = self.gate.update(Reading(step, row["td"], row["td_ci_low"], row["td_ci_high"]))
-            row["eval_seconds"] = time.perf_counter() - t0
+            row["gen/reward"] = rewards[-1] if rewards else None
+            row["gen/kl"] = kls[-1] if kls else None
+            decision = self.gate.update(Reading(step, row["td/panel"], row["td/ci_low"], row["td/ci_high"]))
+            row["td/eval_seconds"] = time.perf_counter() - t0
             self.rows.append(row)
             payload = [{"row": row, "stop": decision.stop, "is_best": decision.is_best, "gate": self.gate.state_dict()}]
         broadcast_object_list(payload, from_process=0)
@@ -94,8 +95,9 @@ class HeldoutGateCallback(TrainerCallback):
         if acc.is_main_process:
             self.write_outputs()
             r = res["row"]
-            print(f"[td] step {step}: td {r['td']:.1f} (95% CI {r['td_ci_low']:.1f}-{r['td_ci_high']:.1f}), "
-                  f"auc {r['auc']:.3f}, disc acc {r.get('disc_acc') if r.get('disc_acc') is None else round(r['disc_acc'], 3)}"
+            acc = r.get("disc/acc")
+            print(f"[td] step {step}: td {r['td/panel']:.1f} (95% CI {r['td/ci_low']:.1f}-{r['td/ci_high']:.1f}), "
+                  f"auc {r['td/auc']:.3f}, disc acc {acc if acc is None else round(acc, 3)}"
                   f"{'  best' if res['is_best'] else ''}{'  -> gate: ' + self.gate.describe() if res['stop'] else ''}")
         # every rank logs: Trainer.log runs collectives, and a main-only call would put the ranks out of step
         self.trainer.log(curve_metrics(res["row"]))
@@ -131,18 +133,14 @@ class HeldoutGateCallback(TrainerCallback):
 
 
 def curve_metrics(row: dict) -> dict:
-    """A curve row under the project's metric prefixes: td/panel, td/ci_low, td/<detector>, diag/..., disc/acc."""
-    names = {"td": "td/panel", "td_ci_low": "td/ci_low", "td_ci_high": "td/ci_high", "signed": "td/signed",
-             "auc": "td/auc", "paired_accuracy": "td/paired_accuracy", "disc_acc": "disc/acc_at_eval",
-             "eval_seconds": "td/eval_seconds", "meter_seconds": "td/meter_seconds"}
+    """The numbers of a curve row, for the loggers; the row's keys already are the metric names (td/panel,
+    td/ci_low, td/<detector>, diag/..., disc/acc at the evaluation is logged as disc/acc_at_eval so that it does not
+    overwrite the co-training's own per-round disc/acc)."""
     out = {}
     for k, v in row.items():
         if k == "step" or not isinstance(v, (int, float)) or isinstance(v, bool):
             continue
-        if k in names:
-            out[names[k]] = v
-        elif "/" in k:
-            out[k] = v
+        out["disc/acc_at_eval" if k == "disc/acc" else k] = v
     return out
 
 

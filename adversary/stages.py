@@ -47,12 +47,13 @@ def base_model_td(cfg, args, data: RunData) -> dict | None:
 
     if not cfg.eval_base_model or not PartialState().is_main_process:
         return None
-    model, tok = load_generator(cfg.model, trust_remote_code=args.trust_remote_code)
-    sims = simulate_heldout(model, tok, data.heldout, cfg)  # eval mode, the meter's fixed sampling seed
+    from conversations.precision import inference_dtype
+
+    model, tok = load_generator(cfg.model, trust_remote_code=args.trust_remote_code, dtype=inference_dtype(cfg.dtype))
+    sims = simulate_heldout(model, tok, data.heldout, cfg, precision=cfg.dtype)  # the meter's fixed sampling seed
     del model
     row = measure_heldout(data.heldout, sims, cfg)
-    return {k: row[k] for k in ("td", "td_ci_low", "td_ci_high", "auc")} | {
-        k: v for k, v in row.items() if k.startswith(("td/", "diag/len_ratio", "diag/assistant"))}
+    return {k: v for k, v in row.items() if k.startswith(("td/", "diag/len_ratio", "diag/assistant", "diag/end"))}
 
 
 # ------------------------------------------------------------------------------------------------------ 1. warm start
@@ -93,6 +94,7 @@ def warm_start(cfg, args, data: RunData) -> str:
         save_adapter=False,
         save_merged=True,
         trust_remote_code=args.trust_remote_code,
+        dtype=cfg.dtype,
     )
     n = cfg.warmstart_steps * cfg.warmstart_batch_size
     metrics = run_sft(sft_args, train_records=sample_records(data.train, n, seed=args.seed), eval_records=[])
@@ -118,22 +120,23 @@ def make_discriminator(cfg, seed: int):
         batch_size=cfg.disc_batch_size,
         label_smoothing=cfg.label_smoothing,
         seed=seed,
+        precision=cfg.dtype,
     )
 
 
 def fit_discriminator(cfg, disc, model, tokenizer, data: RunData, seed: int) -> dict:
     """Initial fit on real turns against the (warm-started) generator's turns for the same train contexts. Every
     process fits the same way from the same seed and data, so the discriminator starts identical on every rank."""
-    from generator.prompts import strip_end_marker
+    from adversary.heldout import heldout_settings
+    from generator.engine import Engine, inference_copy
     from generator.sample import simulate_records
 
     t0 = time.perf_counter()
     contexts = sample_records(data.train, cfg.disc_init_items, seed=seed + 1)
-    model.eval()
-    sims = simulate_records(model, tokenizer, contexts, max_new_tokens=cfg.heldout_max_new_tokens,
-                            max_context_tokens=cfg.max_context_tokens, batch_size=cfg.sim_batch_size, seed=seed + 2)
-    sims = [TurnRecord(id=s.id + "@sim", context=s.context, user_turn=strip_end_marker(s.user_turn)[0].strip())
-            for s in sims]
+    engine = Engine(inference_copy(model, cfg.dtype), tokenizer, batch_size=cfg.sim_batch_size, precision=cfg.dtype)
+    sims = simulate_records(engine, contexts, heldout_settings(cfg), seed=seed + 2)
+    del engine
+    sims = [TurnRecord(id=s.id + "@sim", context=s.context, user_turn=s.user_turn.strip() or "...") for s in sims]
     items = list(contexts) + sims
     labels = np.asarray([1] * len(contexts) + [0] * len(sims))
     disc.fit(items, labels, epochs=cfg.disc_epochs)

@@ -56,13 +56,10 @@ class StudyConfig:
 
 
 def parse(argv):
-    from trl import GRPOConfig
-
-    from adversary.config import AdversaryConfig
-    from conversations.config import parse_config
+    from adversary.config import parse_job
 
     argv = ["--output_dir" if a == "--out" else a for a in (sys.argv[1:] if argv is None else argv)]
-    return parse_config((AdversaryConfig, GRPOConfig, StudyConfig), argv, prog="python -m adversary.study")
+    return parse_job((StudyConfig,), argv, prog="python -m adversary.study")
 
 
 # ------------------------------------------------------------------------------------------------------------- arms
@@ -114,6 +111,7 @@ def run_sft_arm(cfg, args, data, start_model: str, out: Path) -> dict:
         max_context_messages=cfg.max_context_messages, max_context_tokens=cfg.max_context_tokens,
         max_turn_chars=cfg.max_turn_chars, max_length=cfg.warmstart_max_length, seed=args.seed + 7,
         eval_turns=0, save_adapter=False, save_merged=True, trust_remote_code=args.trust_remote_code,
+        dtype=cfg.dtype,
     )
     n = args.max_steps * per_step
     # fresh turns, not the warm start's: the warm start drew with seed `args.seed`
@@ -129,8 +127,10 @@ def simulate_arm(model_dir: str, data, cfg, args):
     from adversary.heldout import simulate_heldout
     from generator.model import load_generator
 
-    model, tok = load_generator(model_dir, trust_remote_code=args.trust_remote_code)
-    return simulate_heldout(model, tok, data.heldout, cfg)
+    from conversations.precision import inference_dtype
+
+    model, tok = load_generator(model_dir, trust_remote_code=args.trust_remote_code, dtype=inference_dtype(cfg.dtype))
+    return simulate_heldout(model, tok, data.heldout, cfg, precision=cfg.dtype)
 
 
 def _panel_td(correct: np.ndarray, weights: np.ndarray) -> float:
@@ -162,7 +162,7 @@ def paired_differences(reports: dict, real_ids: list[str], n_boot: int, seed: in
                 wa = np.where(ctx[a] >= 0, c[ctx[a]], 1).astype(float)
                 wb = np.where(ctx[b] >= 0, c[ctx[b]], 1).astype(float)
                 diffs.append(_panel_td(correct[a], wa) - _panel_td(correct[b], wb))
-            point = reports[a]["turing_distance"] - reports[b]["turing_distance"]
+            point = reports[a]["td"] - reports[b]["td"]
             lo, hi = np.percentile(diffs, [2.5, 97.5])
             out[f"{a}-{b}"] = {"td_difference": point, "ci95": [float(lo), float(hi)],
                                "share_of_resamples_a_lower": float(np.mean(np.asarray(diffs) < 0))}
@@ -245,16 +245,16 @@ def main(argv=None) -> int:
                          seed=args.seed, n_boot=study.n_boot, return_scores=True)
         reports[arm] = rep
         summary[arm] = {
-            "td": rep["turing_distance"], "td_ci95": rep["turing_distance_ci95"], "signed": rep["signed"],
+            "td": rep["td"], "td_ci95": rep["td_ci95"], "signed": rep["signed"],
             "auc": rep["auc"], "paired_accuracy": rep["paired_accuracy"], "headline_detector": rep["headline_detector"],
-            "detectors": {k: {kk: v[kk] for kk in ("turing_distance", "turing_distance_ci95", "auc")}
+            "detectors": {k: {kk: v[kk] for kk in ("td", "td_ci95", "auc")}
                           for k, v in rep["detectors"].items()},
             "diagnostics": realism_diagnostics(sims, data.heldout),
             "steps": res["steps"], "train_wall_seconds": round(res["wall_seconds"], 1),
             "score_wall_seconds": round(time.time() - t0, 1), "curve": res["curve"],
         }
-        print(f"arm {arm}: td {rep['turing_distance']:.1f} (95% CI {rep['turing_distance_ci95'][0]:.1f}-"
-              f"{rep['turing_distance_ci95'][1]:.1f}), headline {rep['headline_detector']}", flush=True)
+        print(f"arm {arm}: td {rep['td']:.1f} (95% CI {rep['td_ci95'][0]:.1f}-"
+              f"{rep['td_ci95'][1]:.1f}), headline {rep['headline_detector']}", flush=True)
     diffs = paired_differences(reports, [r.id for r in data.heldout], study.n_boot, args.seed)
     doc = {"n_contexts": len(data.heldout), "arms": summary, "differences": diffs,
            "wall_seconds": round(time.time() - t_start, 1), "config": {"adversary": to_jsonable(cfg),

@@ -27,16 +27,9 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml
 
 
 def parse_args(argv):
-    from trl import GRPOConfig
+    from adversary.config import parse_job
 
-    from adversary.config import AdversaryConfig
-    from conversations.config import parse_config
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "--config" not in argv:
-        argv = ["--config", str(DEFAULT_CONFIG)] + argv
-    cfg, args = parse_config((AdversaryConfig, GRPOConfig), argv, prog="adversary/train.py")
-    return cfg, args
+    return parse_job((), argv, prog="adversary/train.py", default_config=DEFAULT_CONFIG)
 
 
 def resolve_resume(args) -> Path | None:
@@ -74,6 +67,7 @@ def main(argv=None) -> int:
     from transformers import set_seed
 
     from adversary.cotrain import FaultCounter, ReplayBuffer
+    from adversary.heldout import heldout_settings
     from adversary.gate import PlateauGate
     from adversary.loop import build_trainer
     from adversary.stages import (base_model_td, export_best, fit_discriminator, make_discriminator, prepare_data,
@@ -98,7 +92,7 @@ def main(argv=None) -> int:
     # (optional) the un-tuned base model's td, the reference point the whole pipeline should beat
     base = base_model_td(cfg, args, data) if resume is None else None
     if base:
-        say(state, f"base model {cfg.model}: held-out td {base['td']:.1f} (95% CI {base['td_ci_low']:.1f}-{base['td_ci_high']:.1f})")
+        say(state, f"base model {cfg.model}: held-out td {base['td/panel']:.1f} (95% CI {base['td/ci_low']:.1f}-{base['td/ci_high']:.1f})")
 
     # 1. warm start: SFT on real user turns (skipped when resuming: reuses OUTPUT_DIR/warmstart)
     start_model = warm_start(cfg, args, data)
@@ -157,6 +151,9 @@ def main(argv=None) -> int:
         "gate": {"reason": gate.reason, "description": gate.describe()},
         "base_model_td": base,
         "prompt_format_version": _prompt_version(),
+        # what the simulator was measured with; load_simulator and agent_rl.serve default to it
+        "sampling": heldout_settings(cfg).to_dict(),
+        "precision": cfg.dtype,
         "torch": torch.__version__,
     }
     frozen = export_best(cfg, args, out / "best", manifest)
@@ -164,7 +161,7 @@ def main(argv=None) -> int:
     if state.is_main_process:
         first = heldout_cb.rows[0]
         summary = {
-            "start_td": round(first["td"], 2),
+            "start_td": round(first["td/panel"], 2),
             "best_td": round(best.td, 2),
             "best_td_ci95": [round(best.ci_low, 2), round(best.ci_high, 2)],
             "best_step": best.step,
@@ -175,7 +172,7 @@ def main(argv=None) -> int:
             "peak_rss_mb": round(_peak_rss_mb(), 1),
         }
         if base:
-            summary["base_model_td"] = round(base["td"], 2)
+            summary["base_model_td"] = round(base["td/panel"], 2)
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         print(f"done: {'base td ' + str(summary['base_model_td']) + ', ' if base else ''}td {summary['start_td']} -> best {summary['best_td']} (95% CI {summary['best_td_ci95'][0]}-"
               f"{summary['best_td_ci95'][1]}) at step {best.step}; gate: {gate.reason}; exported {frozen}; "

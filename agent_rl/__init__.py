@@ -20,10 +20,10 @@ from agent_rl.gyms import (
 )
 from agent_rl.protocol import AgentMove, parse_agent_text
 from agent_rl.rollout import EpisodeSpec, RolloutStats, episode_specs, run_episodes
-from agent_rl.users import LMSettings, LMUser, OpenAIUser, ScriptedUser, UserSimulator, load_simulator
+from agent_rl.users import LMUser, OpenAIUser, ScriptedUser, UserSimulator, load_simulator
 
 __all__ = [
-    "AgentMove", "EpisodeResult", "EpisodeSpec", "EpisodeView", "GYM_NAMES", "Gym", "GymEnv", "LMSettings", "LMUser",
+    "AgentMove", "EpisodeResult", "EpisodeSpec", "EpisodeView", "GYM_NAMES", "Gym", "GymEnv", "LMUser",
     "OpenAIUser", "PolicyAgent", "RolloutStats", "ScriptedAgent", "ScriptedUser", "Task", "UserRequest",
     "UserSimulator", "episode_specs", "get_gym", "load_agent", "load_simulator", "parse_agent_text", "register_gym",
     "resolve_gyms", "run_episodes", "trajectory_score", "turn_credits",

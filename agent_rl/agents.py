@@ -5,7 +5,7 @@ credits; scores the maximum against the oracle user), `scripted:random` (uses no
 model id or path) or a bare path to an agent checkpoint (a LoRA adapter folder, e.g. a training checkpoint, or a full
 model folder).
 
-The LM policy keeps each episode as one growing token sequence: the first prompt is the chat template of the system
+The LM policy (on `generator.engine.Engine`) keeps each episode as one growing token sequence: the first prompt is the chat template of the system
 prompt and the opening; after that, the agent's sampled tokens are appended as they were sampled, and each observation
 is appended as the template's turn separator + the user's text + the generation prompt (`ChatTurnFormat`). The model
 is fed exactly these ids at every turn, so the sequence that training scores is the one that was sampled, token for
@@ -111,7 +111,8 @@ class EpisodeTokens:
 
 
 class PolicyAgent:
-    """A causal LM agent. Batched: one `generate` for all live episodes (left-padded, up to `batch_size` at once)."""
+    """A causal LM agent on the generation engine: one engine call for all live episodes (the shared system prompt
+    is run once per batch, finished turns leave the batch)."""
 
     def __init__(
         self,
@@ -126,14 +127,15 @@ class PolicyAgent:
         max_seq_len: int = 4096,
         seed: int = 0,
         record: bool = False,
+        precision: str | None = None,
     ):
-        from generator.sample import stop_token_ids
+        from generator.engine import Engine, SamplingSettings
 
         self.model, self.tokenizer, self.spec = model, tokenizer, spec
-        self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
-        self.batch_size, self.max_seq_len, self.seed, self.record = batch_size, max_seq_len, seed, record
+        self.settings = SamplingSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+        self.engine = Engine(model, tokenizer, batch_size=batch_size, precision=precision)
+        self.max_seq_len, self.seed, self.record = max_seq_len, seed, record
         self.format = ChatTurnFormat(tokenizer)
-        self.stops = set(stop_token_ids(tokenizer, model))
         self.seqs: dict[int, EpisodeTokens] = {}
         self.calls = 0
 
@@ -152,53 +154,25 @@ class PolicyAgent:
             seq.mask += [0] * len(new)
             seq.turn_of += [-1] * len(new)
             seq.turns = v.turn
-        if len(seq.ids) + self.max_new_tokens > self.max_seq_len:
+        if len(seq.ids) + self.settings.max_new_tokens > self.max_seq_len:
             raise DataError(
-                f"episode {v.uid} ({v.gym}) needs {len(seq.ids) + self.max_new_tokens} tokens, over max_seq_len "
+                f"episode {v.uid} ({v.gym}) needs {len(seq.ids) + self.settings.max_new_tokens} tokens, over max_seq_len "
                 f"{self.max_seq_len}: lower the turn limit or max_new_tokens"
             )
         return seq
 
     def act(self, views):
-        import torch
-
         seqs = [self._sync(v) for v in views]
-        texts: list[str] = []
-        was_training = self.model.training
-        self.model.eval()  # no dropout while sampling
-        device = next(self.model.parameters()).device
-        pad = self.tokenizer.pad_token_id
-        try:
-            with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []), torch.no_grad():
-                self.calls += 1
-                torch.manual_seed(self.seed + 104729 * self.calls)
-                for start in range(0, len(seqs), self.batch_size):
-                    chunk = seqs[start : start + self.batch_size]
-                    width = max(len(s.ids) for s in chunk)
-                    input_ids = torch.tensor([[pad] * (width - len(s.ids)) + s.ids for s in chunk], device=device)
-                    attn = torch.tensor([[0] * (width - len(s.ids)) + [1] * len(s.ids) for s in chunk], device=device)
-                    kw = dict(do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=0)
-                    if not self.temperature:
-                        kw = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
-                    out = self.model.generate(
-                        input_ids=input_ids,  # (B, width), left-padded
-                        attention_mask=attn,
-                        max_new_tokens=self.max_new_tokens,
-                        eos_token_id=sorted(self.stops),
-                        pad_token_id=pad,
-                        **kw,
-                    )
-                    for s, row in zip(chunk, out[:, width:].tolist()):  # (B, T_new)
-                        cut = next((k for k, t in enumerate(row) if t in self.stops), None)
-                        new = row[: cut + 1] if cut is not None else row  # keep the stop token: the policy sampled it
-                        s.closed = cut is not None and row[cut] == self.tokenizer.eos_token_id
-                        s.turn_of += [s.turns] * len(new)
-                        s.ids += new
-                        s.mask += [1] * len(new)
-                        texts.append(self.tokenizer.decode(new, skip_special_tokens=True).strip())
-        finally:
-            if was_training:
-                self.model.train()
+        self.calls += 1
+        done = self.engine.complete([s.ids for s in seqs], self.settings, seed=self.seed + 104729 * self.calls)
+        texts = []
+        for s, c in zip(seqs, done):
+            # the stop token stays: the policy sampled it, and training scores exactly the sampled sequence
+            s.closed = c.stop_id is not None and c.stop_id == self.tokenizer.eos_token_id
+            s.turn_of += [s.turns] * len(c.ids)
+            s.ids += c.ids
+            s.mask += [1] * len(c.ids)
+            texts.append(c.text.strip())
         return texts
 
     def end_episode(self, uid):

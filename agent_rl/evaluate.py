@@ -47,9 +47,10 @@ class RunArgs:
     agent_max_new_tokens: int = 64
     agent_temperature: float = 0.7
     agent_batch_size: int = 16
-    user_max_new_tokens: int = 64
-    user_temperature: float = 0.7
-    user_top_p: float = 0.95
+    user_max_new_tokens: int | None = field(default=None, metadata={
+        "help": "token limit of a simulated user turn (default: what a frozen export records, else 64)"})
+    user_temperature: float | None = field(default=None, metadata={"help": "default: the export's, else 0.7"})
+    user_top_p: float | None = field(default=None, metadata={"help": "default: the export's, else 0.95"})
     user_batch_size: int = 32
     seed: int = 0
     device: str | None = None
@@ -58,8 +59,9 @@ class RunArgs:
     def __post_init__(self):
         if self.split not in SPLITS:
             raise ConfigError(f"split must be one of {SPLITS}, got '{self.split}'")
-        for name in ("repeats", "max_live", "agent_max_new_tokens", "user_max_new_tokens"):
-            if getattr(self, name) < 1:
+        for name in ("repeats", "max_live", "agent_max_new_tokens", "user_max_new_tokens", "agent_batch_size",
+                     "user_batch_size"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.episodes < 0 or self.max_turns < 0:
             raise ConfigError("episodes and max_turns must be >= 0 (0: all / the gym's own)")
@@ -131,7 +133,8 @@ def run_agent(agent_spec: str, args: RunArgs, agent=None) -> list[dict[str, Any]
                 agent = load_agent(agent_spec, seed=args.seed, device=args.device,
                                    max_new_tokens=args.agent_max_new_tokens, temperature=args.agent_temperature,
                                    batch_size=args.agent_batch_size)
-            simulator = load_simulator(sim_spec, user_settings(args, seed=args.seed, device=args.device))
+            simulator = load_simulator(sim_spec, user_settings(args), batch_size=args.user_batch_size, seed=args.seed,
+                                       device=args.device)
             _end_torn_line(cache_path)
             with open(cache_path, "a", encoding="utf-8") as f:
 

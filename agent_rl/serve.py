@@ -38,7 +38,8 @@ from conversations import DataError
 from conversations.cli_util import friendly_errors
 
 from agent_rl.gyms import UserRequest
-from agent_rl.users import LMSettings, ScriptedUser, load_simulator, short_label
+from agent_rl.users import DEFAULT_SETTINGS, ScriptedUser, load_simulator, short_label
+from generator.engine import SamplingSettings
 
 log = logging.getLogger("agent_rl.serve")
 DEFAULT_KEY_ENV = "AGENT_RL_API_KEY"
@@ -62,7 +63,7 @@ class Batcher:
         self._thread = threading.Thread(target=self._loop, name="simulator-batcher", daemon=True)
         self._thread.start()
 
-    def submit(self, request: UserRequest, settings: LMSettings, timeout: float = 600.0) -> str:
+    def submit(self, request: UserRequest, settings: SamplingSettings, timeout: float = 600.0) -> str:
         fut: concurrent.futures.Future = concurrent.futures.Future()
         self.q.put((request, settings, fut))
         return fut.result(timeout=timeout)
@@ -110,7 +111,7 @@ def _text(content: Any) -> str:
     raise BadRequest(400, "message content must be a string or a list of text parts")
 
 
-def parse_chat_request(body: dict[str, Any], defaults: LMSettings) -> tuple[UserRequest, LMSettings]:
+def parse_chat_request(body: dict[str, Any], defaults: SamplingSettings) -> tuple[UserRequest, SamplingSettings]:
     """An OpenAI chat request (agent's point of view) as a simulator request plus its sampling settings."""
     if not isinstance(body, dict):
         raise BadRequest(400, "the body must be a JSON object")
@@ -141,6 +142,8 @@ def parse_chat_request(body: dict[str, Any], defaults: LMSettings) -> tuple[User
         if body.get(key) is not None:
             try:
                 settings = dataclasses.replace(settings, **{field_name: cast(body[key])})
+            except DataError as e:
+                raise BadRequest(400, f"'{key}': {e}") from None
             except (TypeError, ValueError):
                 raise BadRequest(400, f"'{key}' must be a number") from None
     if not 1 <= settings.max_new_tokens <= 4096:
@@ -157,7 +160,7 @@ def make_server(simulator, host: str = "127.0.0.1", port: int = 8000, *, api_key
         raise DataError("scripted users need a gym's hidden task; serve an LM simulator (frozen:DIR or hf:MODEL)")
     model_name = model_name or short_label(simulator.spec)
     batcher = Batcher(simulator, max_batch=max_batch, wait_s=batch_wait_s)
-    defaults = getattr(simulator, "settings", LMSettings())
+    defaults = getattr(simulator, "settings", DEFAULT_SETTINGS)
     created = int(time.time())
 
     class Handler(BaseHTTPRequestHandler):
@@ -250,9 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     spec = a.simulator if ":" in a.simulator else f"frozen:{a.simulator}"
-    settings = LMSettings(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p,
-                          batch_size=a.max_batch, device=a.device)
-    simulator = load_simulator(spec, settings)
+    settings = SamplingSettings(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p,
+                                max_prompt_tokens=768)
+    simulator = load_simulator(spec, settings, batch_size=a.max_batch, device=a.device)
     if a.host not in ("127.0.0.1", "localhost", "::1") and not os.environ.get(a.api_key_env):
         log.warning("listening on %s without an API key: set %s to require one", a.host, a.api_key_env)
     server = make_server(simulator, a.host, a.port, api_key_env=a.api_key_env, model_name=a.model_name,

@@ -60,17 +60,23 @@ class AgentRLArgs:
     agent_temperature: float = field(default=1.0, metadata={"help": "agent sampling temperature during rollouts"})
     agent_top_p: float = 1.0
     max_seq_len: int = field(default=2048, metadata={"help": "an episode's token limit (prompt + all turns)"})
-    user_max_new_tokens: int = field(default=48, metadata={"help": "token limit of one simulated user turn"})
-    user_temperature: float = 0.7
-    user_top_p: float = 0.95
+    user_max_new_tokens: int | None = field(default=None, metadata={
+        "help": "token limit of one simulated user turn (default: what a frozen export records, else 64)"})
+    user_temperature: float | None = field(default=None, metadata={"help": "default: the export's, else 0.7"})
+    user_top_p: float | None = field(default=None, metadata={"help": "default: the export's, else 0.95"})
     user_batch_size: int = 32
     lora_r: int = 16
     lora_alpha: int = 32
     lora_dropout: float = 0.05
     torch_threads: int = field(default=0, metadata={"help": "torch intra-op threads (0: torch's default)"})
+    dtype: str = field(default="auto", metadata={
+        "help": "precision: auto (bf16 on GPUs and fast-bf16 CPUs, else fp32), bf16 or fp32; --bf16 means the same"})
 
     def __post_init__(self):
         from agent_rl.gyms import resolve_gyms
+        from conversations.precision import normalise_dtype
+
+        self.dtype = normalise_dtype(self.dtype)
 
         if self.turn_credit not in TURN_CREDITS:
             raise ConfigError(f"turn_credit must be one of {TURN_CREDITS}, got '{self.turn_credit}'")
@@ -81,7 +87,7 @@ class AgentRLArgs:
         if self.format_bonus < 0:
             raise ConfigError(f"format_bonus must be >= 0, got {self.format_bonus}")
         for name in ("agent_max_new_tokens", "user_max_new_tokens", "max_seq_len", "lora_r", "user_batch_size"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_turns < 0 or self.tasks_per_gym < 0:
             raise ConfigError("max_turns and tasks_per_gym must be >= 0 (0: no override)")
@@ -143,6 +149,7 @@ class AgentRollout:
                 # differs per step and per process: the same task must not replay the same random stream
                 seed=trainer.args.seed + 1_000_003 * rank + 7_919 * step,
                 record=True,
+                precision=a.dtype,
             )
             results = run_episodes(agent, self.simulator, specs)
         self.last_results = results
@@ -227,7 +234,7 @@ def train(args: AgentRLArgs, grpo, callbacks: list | None = None):
         raise ConfigError(
             "per_device_train_batch_size x gradient_accumulation_steps must be a multiple of num_generations"
         )
-    simulator = load_simulator(args.simulator, user_settings(args, seed=grpo.seed))
+    simulator = load_simulator(args.simulator, user_settings(args), batch_size=args.user_batch_size, seed=grpo.seed)
     model, tokenizer = load_generator(args.agent_model)
     dataset = build_dataset(args)
     rollout = AgentRollout(args, simulator, tokenizer)
@@ -273,7 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     from generator.model import check_vllm
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from conversations.config import given_keys
+    from conversations.precision import apply_precision, run_precision
+
     args, grpo = parse_config((AgentRLArgs, GRPOConfig), argv, prog="agent_rl/train.py")
+    args.dtype = run_precision(args.dtype, grpo, given_keys(argv))
+    apply_precision(grpo, args.dtype)
     check_vllm(grpo.use_vllm)
     summary, _ = train(args, grpo)
     last = summary["log_history"][-1] if summary["log_history"] else {}

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Protocol, Sequence
 
 from conversations import DataError
+from generator.engine import SamplingSettings
 
 from agent_rl.gyms import ORACLE, TERSE, UserRequest, get_gym
 
@@ -36,24 +37,26 @@ class UserSimulator(Protocol):
         """The next user turn for each request, in order (one batch)."""
 
 
-@dataclass(frozen=True)
-class LMSettings:
-    """Sampling settings for LM-backed users (hf:, frozen:, openai:)."""
-
-    max_new_tokens: int = 64
-    temperature: float = 0.7
-    top_p: float = 0.95
-    batch_size: int = 16
-    max_context_tokens: int = 768
-    seed: int = 0
-    device: str | None = None
-    api_key_env: str = "OPENAI_API_KEY"
+# the agent side's defaults when neither the command line nor an export says otherwise
+DEFAULT_SETTINGS = SamplingSettings(max_new_tokens=64, temperature=0.7, top_p=0.95, max_prompt_tokens=768)
 
 
-def user_settings(args, **overrides) -> LMSettings:
-    """LMSettings from a config holding user_max_new_tokens, user_temperature, user_top_p and user_batch_size."""
-    return LMSettings(max_new_tokens=args.user_max_new_tokens, temperature=args.user_temperature,
-                      top_p=args.user_top_p, batch_size=args.user_batch_size, **overrides)
+@dataclass
+class UserTurn:
+    text: str  # what the agent sees (EMPTY_REPLY when the simulator wrote nothing)
+    prompt_tokens: int
+    completion_tokens: int
+    truncated: bool  # hit max_new_tokens before ending the turn
+    ended: bool  # the simulator wrote END_MARKER (would end the conversation)
+
+
+def user_settings(args, base: SamplingSettings | None = None) -> SamplingSettings | None:
+    """Sampling settings from a config's user_max_new_tokens / user_temperature / user_top_p, each None (unset)
+    falling back to `base`; None when nothing is set and there is no base (the export's settings then apply)."""
+    given = {"max_new_tokens": args.user_max_new_tokens, "temperature": args.user_temperature, "top_p": args.user_top_p}
+    if base is None and all(v is None for v in given.values()):
+        return None
+    return (base or DEFAULT_SETTINGS).replace(**given)
 
 
 class ScriptedUser:
@@ -72,112 +75,122 @@ class ScriptedUser:
 
 
 class LMUser:
-    """A causal LM playing the user: `generator.sample.generate_user_turns` on the whole batch (role flip, goal in the
-    system prompt, left padding, length-sorted sub-batches), the end-of-conversation marker stripped (in a task the
-    episode ends by the agent's answer or the turn limit, not by the user)."""
+    """A causal LM playing the user on the generation engine: the whole batch in one call (role flip, goal in the
+    system prompt, shared system-prompt cache), the end-of-conversation marker stripped (in a task the episode ends
+    by the agent's answer or the turn limit, not by the user). `settings` defaults to what the export was trained and
+    measured with."""
 
-    def __init__(self, model, tokenizer, spec: str, settings: LMSettings | None = None, manifest: dict | None = None):
-        self.model, self.tokenizer, self.spec = model, tokenizer, spec
-        self.settings = settings or LMSettings()
-        self.manifest = manifest
+    def __init__(self, engine, spec: str, settings: SamplingSettings | None = None, manifest: dict | None = None,
+                 seed: int = 0):
+        self.engine, self.spec, self.manifest, self.seed = engine, spec, manifest, seed
+        self.settings = settings or exported_settings(manifest) or DEFAULT_SETTINGS
         self.calls = 0
-        model.eval().requires_grad_(False)  # a user simulator is never trained here
+        engine.model.eval().requires_grad_(False)  # a user simulator is never trained here
 
-    def reply(self, requests, settings: LMSettings | None = None):
-        """`settings` overrides the sampling settings for this call (the server's per-request max_tokens etc.)."""
-        from generator.prompts import strip_end_marker
-        from generator.sample import generate_user_turns
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def turns(self, requests, settings: SamplingSettings | None = None, cancelled=None) -> list[UserTurn]:
+        """Each request's turn with token counts. `settings` overrides the sampling settings for this call (the
+        server's per-request values); `cancelled[i]()` true drops request i from the batch at the next token."""
+        from generator.prompts import render_prompt, strip_end_marker
+        from generator.sample import clean_turn
 
         if not requests:
             return []
         s = settings or self.settings
         self.calls += 1
-        texts = generate_user_turns(
-            self.model,
-            self.tokenizer,
-            [r.context for r in requests],
-            goals=[r.goal for r in requests],
-            personas=[r.persona for r in requests],
-            max_new_tokens=s.max_new_tokens,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            # a new seed per call, else every turn of a run would replay the same random stream; the global torch RNG
-            # (the agent's sampling) is left untouched by generate_user_turns
-            seed=s.seed + 7919 * self.calls,
-            batch_size=s.batch_size,
-            max_context_tokens=s.max_context_tokens,
-        )
-        return [strip_end_marker(t)[0].strip() or EMPTY_REPLY for t in texts]
+        tok = self.engine.tokenizer
+        prompts = [render_prompt(tok, r.context, persona=r.persona, goal=r.goal, max_context_tokens=s.max_prompt_tokens)
+                   for r in requests]
+        ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        # a new seed per call, else every turn of a run would replay the same random stream
+        done = self.engine.complete(ids, s, seed=self.seed + 7919 * self.calls, cancelled=cancelled)
+        out = []
+        for p, c in zip(ids, done):
+            text, ended = strip_end_marker(clean_turn(c.text))
+            out.append(UserTurn(text=text.strip() or EMPTY_REPLY, prompt_tokens=len(p), completion_tokens=len(c.ids),
+                                truncated=not c.stopped and not ended, ended=ended))
+        return out
+
+    def reply(self, requests, settings: SamplingSettings | None = None):
+        return [t.text for t in self.turns(requests, settings)]
 
 
 class OpenAIUser:
     """An OpenAI-compatible endpoint playing the user: the role-flipped messages go out concurrently (one request per
-    episode, `max_workers` at a time) through the generator's client, which reads the key from the environment at
-    each request and never stores or logs it."""
+    episode, `max_workers` at a time) through `conversations.openai_client.ChatClient`, which reads the key from the
+    environment at each request and never stores or logs it."""
 
-    def __init__(self, model: str, base_url: str, settings: LMSettings | None = None):
-        from generator.sample import OpenAIAssistant
+    def __init__(self, model: str, base_url: str, settings: SamplingSettings | None = None,
+                 api_key_env: str = "OPENAI_API_KEY", max_workers: int = 16):
+        from conversations.openai_client import ChatClient
 
-        self.settings = settings or LMSettings()
+        self.settings = settings or DEFAULT_SETTINGS
         self.spec = f"openai:{model}@{base_url}"
-        self.client = OpenAIAssistant(
-            base_url,
-            model,
-            api_key_env=self.settings.api_key_env,
-            max_tokens=self.settings.max_new_tokens,
-            temperature=self.settings.temperature,
-            max_workers=self.settings.batch_size,
-        )
+        self.client = ChatClient(base_url, model, api_key_env=api_key_env, max_workers=max_workers)
         self.calls = 0
 
     def __repr__(self) -> str:  # never the key, only where it comes from
-        return f"OpenAIUser({self.spec!r}, api_key_env={self.settings.api_key_env!r})"
+        return f"OpenAIUser({self.spec!r}, api_key_env={self.client.api_key_env!r})"
 
-    def reply(self, requests, settings: LMSettings | None = None):
-        import copy
-
+    def reply(self, requests, settings: SamplingSettings | None = None):
         from generator.prompts import simulator_messages, strip_end_marker
 
+        s = settings or self.settings
         self.calls += 1
-        client = self.client
-        if settings is not None:  # per-call token limit and temperature (the server's per-request values)
-            client = copy.copy(client)
-            client.max_tokens, client.temperature = settings.max_new_tokens, settings.temperature
         msgs = [simulator_messages(r.context, persona=r.persona, goal=r.goal) for r in requests]
-        return [strip_end_marker(t)[0].strip() or EMPTY_REPLY for t in client.respond(msgs)]
+        texts = self.client.complete_many(msgs, max_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p)
+        return [strip_end_marker(t)[0].strip() or EMPTY_REPLY for t in texts]
 
 
-def load_simulator(spec: str, settings: LMSettings | None = None) -> UserSimulator:
-    """A user simulator from its spec (see the module docstring)."""
-    settings = settings or LMSettings()
+def exported_settings(manifest: dict | None) -> SamplingSettings | None:
+    """The sampling settings an export records (`manifest["sampling"]`), or None for an export that has none."""
+    if not manifest or not manifest.get("sampling"):
+        return None
+    return SamplingSettings.from_dict(manifest["sampling"])
+
+
+def load_simulator(spec: str, settings: SamplingSettings | None = None, *, batch_size: int = 32, seed: int = 0,
+                   device: str | None = None, dtype: str = "auto", api_key_env: str = "OPENAI_API_KEY") -> UserSimulator:
+    """A user simulator from its spec (see the module docstring). `settings` None: a frozen export's own settings
+    (what it was trained and measured with), else `DEFAULT_SETTINGS`. LM weights load in the process precision for
+    inference (`conversations.precision`: bf16 on a CPU where bf16 is fast)."""
+    from conversations.precision import inference_dtype, resolve_precision
+
     kind, sep, rest = spec.partition(":")
     if not sep and Path(spec).is_dir() and (Path(spec) / "simulator.json").exists():
         kind, rest = "frozen", spec
     if kind == "scripted":
         return ScriptedUser(rest)
-    if kind == "frozen":
-        from adversary.export import load_frozen
+    if kind in ("frozen", "hf"):
+        from generator.engine import Engine
 
-        from generator.prompts import PROMPT_FORMAT_VERSION
+        precision = resolve_precision(dtype, device)
+        if kind == "frozen":
+            from adversary.export import load_frozen
 
-        model, tok, manifest = load_frozen(rest, device=settings.device)  # verifies every hash first
-        trained_with = manifest.get("prompt_format_version")
-        if trained_with is not None and str(trained_with) != PROMPT_FORMAT_VERSION:
-            log.warning("%s was trained with prompt format %s but this code renders format %s: its replies may "
-                        "degrade", rest, trained_with, PROMPT_FORMAT_VERSION)
-        return LMUser(model, tok, f"frozen:{rest}", settings, manifest)
-    if kind == "hf":
+            from generator.prompts import PROMPT_FORMAT_VERSION
+
+            model, tok, manifest = load_frozen(rest, device=device, dtype=inference_dtype(precision))  # hashes first
+            trained_with = manifest.get("prompt_format_version")
+            if trained_with is not None and str(trained_with) != PROMPT_FORMAT_VERSION:
+                log.warning("%s was trained with prompt format %s but this code renders format %s: its replies may "
+                            "degrade", rest, trained_with, PROMPT_FORMAT_VERSION)
+            engine = Engine(model, tok, batch_size=batch_size, precision=precision)
+            return LMUser(engine, f"frozen:{rest}", settings, manifest, seed=seed)
         from generator.model import load_generator
 
         if not rest:
             raise DataError("hf: needs a model, e.g. hf:smollm2-135m-instruct")
-        model, tok = load_generator(rest, device=settings.device)
-        return LMUser(model, tok, spec, settings)
+        model, tok = load_generator(rest, device=device, dtype=inference_dtype(precision))
+        return LMUser(Engine(model, tok, batch_size=batch_size, precision=precision), spec, settings, seed=seed)
     if kind == "openai":
         model, at, url = rest.partition("@")
         if not model or not at or not url:
             raise DataError(f"openai simulator spec must be openai:MODEL@BASE_URL, got '{spec}'")
-        return OpenAIUser(model, url, settings)
+        return OpenAIUser(model, url, settings, api_key_env=api_key_env, max_workers=batch_size)
     raise DataError(
         f"unknown simulator '{spec}'; use frozen:DIR, hf:MODEL, openai:MODEL@BASE_URL, scripted:oracle or "
         "scripted:terse"

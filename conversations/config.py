@@ -96,12 +96,34 @@ def load_yaml_config(path: str | Path, dataclass_types) -> dict[str, Any]:
     return data
 
 
+def given_keys(argv: list[str] | None = None) -> set[str]:
+    """The keys a user set: those of the `--config` YAML file and every `--key` on the command line (to tell a value
+    a user chose from a library's default, e.g. TRL's `bf16`)."""
+    import yaml
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    keys = {a[2:].split("=", 1)[0].replace("-", "_") for a in argv if a.startswith("--") and a != "--config"}
+    if "--config" in argv and argv.index("--config") + 1 < len(argv):
+        try:
+            data = yaml.safe_load(Path(argv[argv.index("--config") + 1]).read_text(encoding="utf-8")) or {}
+            keys |= set(data) if isinstance(data, dict) else set()
+        except (OSError, yaml.YAMLError):
+            pass  # parse_config reports it
+    return keys
+
+
 def parse_config(dataclass_types, argv: list[str] | None = None, prog: str | None = None):
-    """Parse `--config FILE` and `--key value` overrides into instances of `dataclass_types` (a tuple)."""
+    """Parse `--config FILE` and `--key value` overrides into instances of `dataclass_types` (a tuple). On a machine
+    without a GPU, trainer configs default to `use_cpu: true` (transformers refuses bf16 on a CPU without it)."""
     from trl import TrlParser
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = TrlParser(dataclass_types, prog=prog)
+    if "use_cpu" in _field_types(dataclass_types):
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.set_defaults(use_cpu=True)
     if "--config" in argv:
         i = argv.index("--config")
         if i + 1 >= len(argv):

@@ -17,7 +17,7 @@ _EXPORTS = {
     "StyleDiscriminator": "discriminator.classical",
     "measure_td": "discriminator.turing",
     "make_detector": "discriminator.turing",
-    "turing_distance": "discriminator.turing",
+    "td": "discriminator.turing",
     "grouped_folds": "discriminator.turing",
     "bootstrap_ci": "discriminator.turing",
 }

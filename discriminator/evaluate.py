@@ -60,9 +60,9 @@ def _fmt(x, spec: str = ".1f") -> str:
 
 
 def format_table(report: dict) -> str:
-    lo, hi = report["turing_distance_ci95"]
+    lo, hi = report["td_ci95"]
     lines = [
-        f"Turing distance {report['turing_distance']:.1f}  [95% CI {lo:.1f}, {hi:.1f}]  "
+        f"Turing distance {report['td']:.1f}  [95% CI {lo:.1f}, {hi:.1f}]  "
         f"(headline: {report['headline_detector']}; signed {report['signed']:+.1f}, AUC {report['auc']:.3f})",
         f"n_real {report['n_real']} (of {report['n_real_input']}), n_simulated {report['n_simulated']} "
         f"(of {report['n_simulated_input']}), {report['folds']} grouped folds, {report['n_groups']} groups, "
@@ -71,9 +71,9 @@ def format_table(report: dict) -> str:
         f"{'detector':<12}{'accuracy':>9}{'AUC':>8}{'TD':>7}{'TD 95% CI':>16}{'signed':>8}{'paired':>8}{'fit s':>8}",
     ]
     for name, d in report["detectors"].items():
-        ci = f"[{d['turing_distance_ci95'][0]:.1f}, {d['turing_distance_ci95'][1]:.1f}]"
+        ci = f"[{d['td_ci95'][0]:.1f}, {d['td_ci95'][1]:.1f}]"
         lines.append(
-            f"{name:<12}{d['accuracy']:>9.1f}{d['auc']:>8.3f}{d['turing_distance']:>7.1f}{ci:>16}{d['signed']:>+8.1f}"
+            f"{name:<12}{d['accuracy']:>9.1f}{d['auc']:>8.3f}{d['td']:>7.1f}{ci:>16}{d['signed']:>+8.1f}"
             f"{_fmt(d['paired_accuracy']):>8}{d['fit_seconds']:>8.1f}"
         )
     return "\n".join(lines)

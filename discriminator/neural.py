@@ -85,6 +85,7 @@ class NeuralDiscriminator:
         max_grad_norm: float | None = 1.0,
         score_batch_size: int | None = None,
         trust_remote_code: bool = False,
+        precision: str = "fp32",
     ) -> None:
         if context_tokens < 0 or max_length < 16 or context_tokens > max_length - 16:
             raise DataError(
@@ -108,6 +109,10 @@ class NeuralDiscriminator:
         self.max_grad_norm = max_grad_norm
         self.score_batch_size = int(score_batch_size or 2 * batch_size)
         self.trust_remote_code = trust_remote_code
+        from conversations.precision import resolve_precision
+
+        # fp32 master weights; forward and backward under the precision's autocast (bf16 on a fast-bf16 CPU)
+        self.precision = resolve_precision(precision, self.device)
         self.step = 0  # optimiser steps taken; seeds dropout, so a restored state continues identically
         self.epochs_done = 0  # seeds the shuffling in fit()
         self.frozen = False
@@ -136,6 +141,7 @@ class NeuralDiscriminator:
             "max_grad_norm": self.max_grad_norm,
             "score_batch_size": self.score_batch_size,
             "trust_remote_code": self.trust_remote_code,
+            "precision": self.precision,
         }
 
     def _rng_devices(self) -> list[int]:
@@ -235,7 +241,11 @@ class NeuralDiscriminator:
         return {k: v.to(self.device) for k, v in batch.items() if k in self._input_names}
 
     def _logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.model(**batch).logits.squeeze(-1) + self.offset  # [B, 1] -> [B]
+        from conversations.precision import autocast
+
+        with autocast(self.precision, self.device):
+            logits = self.model(**batch).logits
+        return logits.float().squeeze(-1) + self.offset  # [B, 1] -> [B]
 
     # ----------------------------------------------------------------------------------------------------------------
     # training

@@ -302,9 +302,9 @@ def measure_td(
 ) -> dict[str, Any]:
     """Turing distance of simulated against real user turns, measured out-of-fold by fresh detectors.
 
-    Returns `turing_distance` (the panel maximum), `turing_distance_ci95` (group bootstrap of that maximum), `signed`,
+    Returns `td` (the panel maximum), `td_ci95` (group bootstrap of that maximum), `signed`,
     `accuracy`, `auc`, `paired_accuracy` (of the headline detector; None without shared contexts), `n_real`,
-    `n_simulated`, `headline_detector`, and `detectors: {name: {accuracy, auc, turing_distance, turing_distance_ci95,
+    `n_simulated`, `headline_detector`, and `detectors: {name: {accuracy, auc, td, td_ci95,
     signed, paired_accuracy, fit_seconds, score_seconds}}`, plus `warnings` (list of str). With `return_scores`, also
     the out-of-fold log-odds, labels, fold and group ids under `oof`."""
     real_items, sim_items = list(real_items), list(sim_items)
@@ -362,20 +362,20 @@ def measure_td(
         per[name] = {
             "accuracy": acc,
             "auc": roc_auc(oof[d], y),
-            "turing_distance": turing_distance(acc),
-            "turing_distance_ci95": list(bootstrap_ci((oof[d] > 0) == y, groups, n_boot, seed)),
+            "td": turing_distance(acc),
+            "td_ci95": list(bootstrap_ci((oof[d] > 0) == y, groups, n_boot, seed)),
             "signed": acc - 50.0,
             "paired_accuracy": pacc,
-            "paired_turing_distance": None if pacc is None else turing_distance(pacc),
+            "paired_td": None if pacc is None else turing_distance(pacc),
             "fit_seconds": round(fit_s, 3),
             "score_seconds": round(score_s, 3),
         }
     # headline: the strictest judge; ties go to the first in panel order
-    tds = [per[n]["turing_distance"] for n in detectors]
+    tds = [per[n]["td"] for n in detectors]
     head = detectors[int(np.argmax(tds))]
     correct = (oof > 0) == y[None, :]  # [D, n]
     # the interval of the panel maximum: every resample takes the maximum over detectors on the same items
-    ci = bootstrap_ci(correct, groups, n_boot, seed) if len(detectors) > 1 else tuple(per[head]["turing_distance_ci95"])
+    ci = bootstrap_ci(correct, groups, n_boot, seed) if len(detectors) > 1 else tuple(per[head]["td_ci95"])
     _, n_pairs = paired_accuracy(oof[0], y, items)
     warnings = []
     largest = int(np.bincount(groups).max())
@@ -386,11 +386,11 @@ def measure_td(
         )
     for name in detectors:
         rep = per[name]
-        if rep["turing_distance"] < 5 and abs(rep["auc"] - 0.5) > 0.15:
+        if rep["td"] < 5 and abs(rep["auc"] - 0.5) > 0.15:
             warnings.append(f"{name}: AUC {rep['auc']:.3f} but accuracy {rep['accuracy']:.1f}: its threshold is off")
     out: dict[str, Any] = {
-        "turing_distance": per[head]["turing_distance"],
-        "turing_distance_ci95": [float(ci[0]), float(ci[1])],
+        "td": per[head]["td"],
+        "td_ci95": [float(ci[0]), float(ci[1])],
         "signed": per[head]["signed"],
         "accuracy": per[head]["accuracy"],
         "auc": per[head]["auc"],

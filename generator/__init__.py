@@ -2,8 +2,10 @@
 
 - `generator.prompts`: role-flipped prompts, `END_MARKER`, `render_prompt`, `target_text`, `strip_end_marker`.
 - `generator.model.load_generator(name_or_path, lora=None, ...)`: model and left-padding tokenizer.
-- `generator.sample`: `generate_user_turns` (batched), `simulate_records`, `simulate_conversations` against a
-  `LocalAssistant` or an `OpenAIAssistant`.
+- `generator.engine`: the one generation engine (`Engine`, `SamplingSettings`, `NucleusSampler`).
+- `generator.sample`: `user_turns` and `simulate_records` (one turn per context, batched on the engine).
+- `generator.dialogue.simulate_conversations`: whole conversations against an assistant (`generator.assistants`:
+  `LocalAssistant`, `OpenAIAssistant`, `ReplayAssistant`).
 - `generator.sft`: SFT warm start on real user turns (`run_sft`, `heldout_perplexity`); CLI `python -m generator.sft`.
 - `generator.diagnostics.realism_diagnostics(sim, real)`; per-turn `assistant_likeness_score`, `copy_score`.
 - `generator.data`: turn records with end labels that hold across ShareGPT's conversation parts.
@@ -25,12 +27,14 @@ _EXPORTS = {
     "target_text": "generator.prompts",
     "LoraSettings": "generator.model",
     "load_generator": "generator.model",
-    "generate_user_turns": "generator.sample",
+    "Engine": "generator.engine",
+    "SamplingSettings": "generator.engine",
+    "user_turns": "generator.sample",
     "simulate_records": "generator.sample",
-    "simulate_conversations": "generator.sample",
-    "simulate_conversation": "generator.sample",
-    "LocalAssistant": "generator.sample",
-    "OpenAIAssistant": "generator.sample",
+    "simulate_conversations": "generator.dialogue",
+    "LocalAssistant": "generator.assistants",
+    "OpenAIAssistant": "generator.assistants",
+    "ReplayAssistant": "generator.assistants",
     "SFTArgs": "generator.sft",
     "run_sft": "generator.sft",
     "heldout_perplexity": "generator.sft",

@@ -57,8 +57,21 @@ def pick_device(device: str | None = None) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def training_dtype(precision: str = "auto", device: str = "cpu"):
+    """Weights to train in: the precision's dtype on a GPU; fp32 master weights on a CPU, where bf16 runs as autocast
+    (measured here: bf16 weights trained far slower than fp32 weights under autocast)."""
+    import torch
+
+    from conversations.precision import resolve_precision, torch_dtype
+
+    if not str(device).startswith("cuda"):
+        return torch.float32
+    return torch_dtype(resolve_precision(precision, device))
+
+
 def pick_dtype(dtype: Any = "auto", device: str = "cpu"):
-    """bf16 on a GPU that supports it (fp16 on an older one), fp32 on CPU (bf16 matmuls are slow there)."""
+    """Weights of a loaded model: `auto` is bf16 on a GPU that supports it (fp16 on an older one) and fp32 on a CPU
+    (training weights; frozen inference copies pass `conversations.precision.inference_dtype` instead)."""
     import torch
 
     if isinstance(dtype, torch.dtype):

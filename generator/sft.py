@@ -261,11 +261,11 @@ def _write_info(folder: Path, args: SFTArgs, metrics: dict) -> None:
 
 
 def make_sft_config(args: SFTArgs, device: str):
-    """TRL SFTConfig for `args`: completion-only loss, no checkpoints, fp32 on CPU, bf16 on GPU."""
-    import torch
+    """TRL SFTConfig for `args`: completion-only loss, no checkpoints, the run's precision (`args.dtype`, resolved by
+    `conversations.precision`: bf16 autocast on a GPU and on a CPU where bf16 is fast, fp32 otherwise)."""
     from trl import SFTConfig
 
-    on_gpu = device.startswith("cuda")
+    from conversations.precision import resolve_precision, trainer_precision_kwargs
     return SFTConfig(
         output_dir=str(Path(args.output_dir) / "trainer"),
         max_steps=args.max_steps,
@@ -284,10 +284,7 @@ def make_sft_config(args: SFTArgs, device: str):
         max_length=args.max_length,
         completion_only_loss=True,
         packing=False,
-        # fp32 on CPU (TRL would turn bf16 autocast on by default, slower there); bf16 on GPU
-        bf16=on_gpu and torch.cuda.is_bf16_supported(),
-        fp16=on_gpu and not torch.cuda.is_bf16_supported(),
-        use_cpu=not on_gpu,
+        **trainer_precision_kwargs(resolve_precision(args.dtype, device), device),
         gradient_checkpointing=args.gradient_checkpointing,
         gradient_checkpointing_kwargs={"use_reentrant": False} if args.gradient_checkpointing else None,
         dataloader_num_workers=0,
@@ -343,7 +340,7 @@ def run_sft(
     saved folders (adapter_dir, merged_dir, model_dir: the one to load next)."""
     import torch
 
-    from generator.model import LoraSettings, count_trainable, load_generator, pick_device
+    from generator.model import LoraSettings, count_trainable, load_generator, pick_device, training_dtype
 
     t0 = time.time()
     n_train = args.train_turns or args.max_steps * args.per_device_train_batch_size * args.gradient_accumulation_steps
@@ -365,7 +362,7 @@ def run_sft(
     model, tokenizer = load_generator(
         args.model,
         lora=lora,
-        dtype=args.dtype,
+        dtype=training_dtype(args.dtype, device),
         device=device,
         gradient_checkpointing=args.gradient_checkpointing,
         trust_remote_code=args.trust_remote_code,

@@ -71,8 +71,10 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     (args,) = parse_config((SimulateArgs,), argv, prog="python -m generator.simulate")
 
+    from conversations.precision import inference_dtype, resolve_precision
     from generator.data import load_turns, sample_records
     from generator.diagnostics import jsonable, realism_diagnostics
+    from generator.engine import Engine, SamplingSettings
     from generator.model import load_generator
     from generator.sample import simulate_records
 
@@ -90,22 +92,16 @@ def main(argv: list[str] | None = None) -> dict:
     real = sample_records(real, args.limit, args.seed)
 
     t0 = time.time()
+    precision = resolve_precision(args.dtype, args.device)
     model, tokenizer = load_generator(
-        args.model, dtype=args.dtype, device=args.device, trust_remote_code=args.trust_remote_code
+        args.model, dtype=inference_dtype(precision), device=args.device, trust_remote_code=args.trust_remote_code
     )
     load_s = time.time() - t0
     t1 = time.time()
-    sim = simulate_records(
-        model,
-        tokenizer,
-        real,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        seed=args.seed,
-        batch_size=args.batch_size,
-        max_context_tokens=args.max_context_tokens,
-    )
+    settings = SamplingSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                                max_prompt_tokens=args.max_context_tokens)
+    engine = Engine(model, tokenizer, batch_size=args.batch_size, precision=precision)
+    sim = simulate_records(engine, real, settings, seed=args.seed)
     gen_s = time.time() - t1
     n_tokens = sum(len(tokenizer(s.user_turn, add_special_tokens=False)["input_ids"]) for s in sim)
     write_jsonl(args.out, sim)

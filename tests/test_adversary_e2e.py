@@ -48,7 +48,7 @@ def test_smoke_outputs(smoke_run):
     manifest = json.loads((out / "frozen" / "simulator.json").read_text())
     assert manifest["config"]["adversary"]["model"] == "tiny-random"
     assert len(manifest["td_curve"]) == 3 and manifest["gate"]["reason"] == summary["gate"]
-    assert manifest["base_model_td"]["td"] == pytest.approx(summary["base_model_td"], abs=0.01)
+    assert manifest["base_model_td"]["td/panel"] == pytest.approx(summary["base_model_td"], abs=0.01)
     assert "model.safetensors" in manifest["files"] and manifest["prompt_format_version"]
     v = subprocess.run([sys.executable, "-m", "adversary.export", "verify", str(out / "frozen")], capture_output=True, text=True)
     assert v.returncode == 0, v.stderr
@@ -57,7 +57,7 @@ def test_smoke_outputs(smoke_run):
     AutoModelForCausalLM.from_pretrained(out / "frozen")
     # the best checkpoint, not the last, is exported
     best = json.loads((out / "best" / "best.json").read_text())
-    assert manifest["best"]["step"] == best["step"] and manifest["best"]["td"] == min(r["td"] for r in manifest["td_curve"])
+    assert manifest["best"]["step"] == best["step"] and manifest["best"]["td"] == min(r["td/panel"] for r in manifest["td_curve"])
 
 
 def test_resume_continues_without_duplicate_rows(smoke_run, tmp_path):

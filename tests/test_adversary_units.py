@@ -146,8 +146,8 @@ def test_fault_guard_skips_nonfinite_step_and_stops():
 
 
 def test_curves_csv_roundtrip_and_plot(tmp_path):
-    rows = [{"step": 10, "td": 8.0, "td_ci_low": 5.0, "td_ci_high": 11.0, "td/classical": 8.0, "td/style": 3.0},
-            {"step": 0, "td": 20.0, "td_ci_low": 17.0, "td_ci_high": 23.0, "td/classical": 20.0, "td/style": 9.0}]
+    rows = [{"step": 10, "td/panel": 8.0, "td/ci_low": 5.0, "td/ci_high": 11.0, "td/classical": 8.0, "td/style": 3.0},
+            {"step": 0, "td/panel": 20.0, "td/ci_low": 17.0, "td/ci_high": 23.0, "td/classical": 20.0, "td/style": 9.0}]
     write_curves(rows, tmp_path / "curves.csv")
     back = read_curves(tmp_path / "curves.csv")
     assert [r["step"] for r in back] == [0, 10] and back[1]["td/style"] == 3.0
@@ -182,11 +182,11 @@ def test_metric_callbacks_run_before_the_reporters(tmp_path):
 
 
 def test_heldout_generation_uses_a_merged_copy_and_leaves_the_adapter_alone(tiny_lm_path):
-    """The held-out meter generates with a merged copy of the LoRA generator: plain linear layers, the same logits,
-    and the training model (adapter and base weights) untouched afterwards."""
+    """The held-out meter generates with a merged copy of the LoRA generator: plain linear layers, the same logits
+    (in bf16 within bf16's rounding), and the training model (adapter and base weights) untouched afterwards."""
     from accelerate import Accelerator
 
-    from adversary.heldout import generation_model
+    from generator.engine import inference_model
     from generator.model import LoraSettings, load_generator
 
     model, _ = load_generator("tiny-random", lora=LoraSettings(r=4, alpha=8))
@@ -201,12 +201,17 @@ def test_heldout_generation_uses_a_merged_copy_and_leaves_the_adapter_alone(tiny
         want = model(input_ids=ids).logits
     model.train()
     acc = Accelerator(cpu=True)
-    with generation_model(model, acc, merge_lora=True) as gen:
+    with inference_model(model, acc, merge_lora=True) as gen:
         assert gen is not model and not any("lora_" in n for n, _ in gen.named_parameters())
         with torch.no_grad():
             torch.testing.assert_close(gen(input_ids=ids).logits, want, atol=1e-4, rtol=1e-4)
     after = model.state_dict()
     assert model.training  # the caller's mode is its own business: the copy was put in eval mode, not the model
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
-    with generation_model(model, acc, merge_lora=False) as gen:
+    with inference_model(model, acc, merge_lora=False) as gen:
         assert gen is model
+    with inference_model(model, acc, precision="bf16", merge_lora=True) as gen:
+        assert next(gen.parameters()).dtype == torch.bfloat16
+        with torch.no_grad():
+            torch.testing.assert_close(gen(input_ids=ids).logits.float(), want, atol=0.05, rtol=0.05)
+    assert all(p.dtype == torch.float32 for p in model.parameters())

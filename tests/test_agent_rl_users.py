@@ -14,7 +14,8 @@ import pytest
 from agent_rl.gyms import get_gym
 from agent_rl.gyms.base import UserRequest
 from agent_rl.serve import make_server
-from agent_rl.users import LMSettings, LMUser, OpenAIUser, load_simulator, short_label
+from agent_rl.users import LMUser, OpenAIUser, load_simulator, short_label
+from generator.engine import SamplingSettings
 from conversations import DataError
 
 
@@ -52,7 +53,7 @@ def _requests(n=3):
     ]
 
 
-SMALL = LMSettings(max_new_tokens=6, temperature=0.0)
+SMALL = SamplingSettings(max_new_tokens=6, temperature=0.0)
 
 
 def test_frozen_export_loads_and_replies_in_one_batch(frozen_dir):
@@ -90,7 +91,7 @@ def test_unknown_specs_are_refused():
 
 @pytest.fixture(scope="module")
 def server(tiny_lm_path):
-    sim = load_simulator(f"hf:{tiny_lm_path}", LMSettings(max_new_tokens=6, temperature=0.0))
+    sim = load_simulator(f"hf:{tiny_lm_path}", SamplingSettings(max_new_tokens=6, temperature=0.0))
     srv = make_server(sim, "127.0.0.1", 0, api_key_env="AGENT_RL_TEST_KEY", model_name="tiny-sim")
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
@@ -182,7 +183,7 @@ def fake_openai():
 def test_openai_user_sends_role_flipped_messages_with_the_key(fake_openai, monkeypatch, caplog):
     url, seen = fake_openai
     monkeypatch.setenv("AGENT_RL_TEST_KEY", "k-123")
-    sim = load_simulator(f"openai:gpt-user@{url}", LMSettings(max_new_tokens=4, api_key_env="AGENT_RL_TEST_KEY"))
+    sim = load_simulator(f"openai:gpt-user@{url}", SamplingSettings(max_new_tokens=4), api_key_env="AGENT_RL_TEST_KEY")
     assert isinstance(sim, OpenAIUser) and "k-123" not in repr(sim)
     reqs = _requests(2)
     with caplog.at_level(logging.DEBUG):

@@ -33,14 +33,14 @@ def test_cli_end_to_end(files, capsys):
                "--detectors", "classical,style", "--folds", "3", "--n-boot", "100", "--out", str(out), "--quiet"])
     assert rc == 0
     report = json.loads(out.read_text())
-    for key in ("turing_distance", "turing_distance_ci95", "signed", "auc", "n_real", "n_simulated", "detectors"):
+    for key in ("td", "td_ci95", "signed", "auc", "n_real", "n_simulated", "detectors"):
         assert key in report
-    assert len(report["turing_distance_ci95"]) == 2
+    assert len(report["td_ci95"]) == 2
     assert report["n_real"] == report["n_simulated"]  # the larger (real) side was sampled down
     assert report["n_real_input"] > report["n_real"]
     assert set(report["detectors"]) == {"classical", "style"}
-    assert set(report["detectors"]["style"]) >= {"accuracy", "auc", "turing_distance"}
-    assert report["turing_distance"] > 30
+    assert set(report["detectors"]["style"]) >= {"accuracy", "auc", "td"}
+    assert report["td"] > 30
     shown = capsys.readouterr().out
     assert "Turing distance" in shown and "classical" in shown and "style" in shown
 

@@ -210,27 +210,27 @@ def test_unknown_detector():
 def test_real_against_real_reads_near_zero():
     real_a, real_b = real_halves(300, seed=0)
     r = measure_td(real_a, real_b, detectors=("classical", "style"), folds=5, seed=0, n_boot=500)
-    lo, hi = r["turing_distance_ci95"]
+    lo, hi = r["td_ci95"]
     assert lo < 5, r
-    assert r["turing_distance"] < 8
+    assert r["td"] < 8
     assert 0.4 < r["auc"] < 0.6
     assert r["n_real"] == r["n_simulated"] == 300
     assert set(r["detectors"]) == {"classical", "style"}
-    assert r["turing_distance"] == max(d["turing_distance"] for d in r["detectors"].values())
+    assert r["td"] == max(d["td"] for d in r["detectors"].values())
 
 
 def test_real_against_templated_reads_above_40():
     real, _ = real_halves(150, seed=1)
     sim = templated(real, seed=0)
     r = measure_td(real, sim, detectors=("classical", "style"), folds=5, seed=0, n_boot=300)
-    assert r["turing_distance"] > 40
-    assert r["turing_distance_ci95"][0] > 35
+    assert r["td"] > 40
+    assert r["td_ci95"][0] > 35
     assert r["signed"] > 40 and r["auc"] > 0.95
     # every templated turn shares its context with a real one: paired accuracy is defined and high
     assert r["n_paired_contexts"] > 50 and r["paired_accuracy"] > 90
     for name in ("classical", "style"):
         d = r["detectors"][name]
-        assert set(d) >= {"accuracy", "auc", "turing_distance", "turing_distance_ci95", "signed", "paired_accuracy"}
+        assert set(d) >= {"accuracy", "auc", "td", "td_ci95", "signed", "paired_accuracy"}
 
 
 def test_measure_td_with_tiny_neural_in_panel(tiny_encoder_path):
@@ -248,5 +248,5 @@ def test_measure_td_with_tiny_neural_in_panel(tiny_encoder_path):
     finally:
         torch.set_num_threads(threads)
     assert set(r["detectors"]) == {"style", "neural"}
-    assert 0 <= r["detectors"]["neural"]["turing_distance"] <= 50
+    assert 0 <= r["detectors"]["neural"]["td"] <= 50
     assert r["headline_detector"] in ("style", "neural")

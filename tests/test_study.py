@@ -27,8 +27,8 @@ def test_paired_differences_sign_and_ci():
     good = np.where(y == 1, 1.0, -1.0)  # a detector that is always right: td 50
     coin = np.where(np.arange(80) % 2 == 0, 1.0, -1.0)  # right half the time: td 0
     reports = {
-        "adversarial": {"turing_distance": 0.0, "oof": {"labels": y, "scores": {"d": coin}, "ids": ids + ids}},
-        "sft": {"turing_distance": 50.0, "oof": {"labels": y, "scores": {"d": good}, "ids": ids + ids}},
+        "adversarial": {"td": 0.0, "oof": {"labels": y, "scores": {"d": coin}, "ids": ids + ids}},
+        "sft": {"td": 50.0, "oof": {"labels": y, "scores": {"d": good}, "ids": ids + ids}},
     }
     d = paired_differences(reports, ids, n_boot=200, seed=0)["adversarial-sft"]
     assert d["td_difference"] == -50.0 and d["ci95"][1] < 0 and d["share_of_resamples_a_lower"] == 1.0

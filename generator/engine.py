@@ -1,0 +1,402 @@
+"""The one generation engine: every caller that samples text from a causal LM here goes through `Engine` (held-out
+simulation, the discriminator's simulated turns, whole conversations, the local assistant, agent turns and the
+simulator server). TRL's GRPO rollouts are the exception: TRL generates those itself.
+
+What it does that `model.generate` does not, each measured on 2 CPU cores (docs/benchmarks.md):
+- **a shared prefix is run once**: the tokens every prompt of a batch starts with (the simulator's system prompt) get
+  one key/value cache, repeated over the batch; each row is laid out `prefix + pads + rest` with the pads masked and
+  positions counted as if unpadded, so every real token sees what it would see unpadded;
+- **finished rows leave the batch**: a row that sampled a stop token (or its budget) is dropped from the cache and the
+  mask at once, so a batch costs the sum of its turns' lengths, not rows x the longest turn;
+- **sampling without a full sort**: `NucleusSampler` draws from exactly transformers' temperature/top-k/top-p
+  distribution, finding the nucleus among the top candidates and sorting the whole vocabulary only for rows whose
+  nucleus is wider;
+- **the precision the process runs in**: frozen bf16 weights run as they are; fp32 weights run under bf16 autocast
+  when the process precision is bf16 (see `conversations.precision`).
+
+Sampling settings are one object, `SamplingSettings`, shared by every caller and recorded in the export.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+from conversations.config import ConfigError
+
+MIN_SHARED_PREFIX = 16  # tokens; below this a batch-1 prefill of the prefix costs more than it saves
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How a turn is sampled. The simulator's export records the settings it was trained and measured with, and
+    `agent_rl.users.load_simulator` / `agent_rl.serve` default to them."""
+
+    max_new_tokens: int = 64  # token budget of one turn
+    temperature: float = 1.0  # 0: greedy
+    top_p: float = 0.95  # nucleus mass (1: off)
+    top_k: int = 0  # 0: off
+    min_new_tokens: int = 1  # stop tokens are masked before this many tokens
+    max_prompt_tokens: int | None = None  # prompt budget, older messages dropped from the left (None: no limit)
+
+    def __post_init__(self):
+        checks = [
+            (self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}"),
+            (self.temperature >= 0, f"temperature must be >= 0 (0 is greedy), got {self.temperature}"),
+            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (self.top_k >= 0, f"top_k must be >= 0 (0 is off), got {self.top_k}"),
+            (self.min_new_tokens >= 0, f"min_new_tokens must be >= 0, got {self.min_new_tokens}"),
+            (self.max_prompt_tokens is None or self.max_prompt_tokens >= 16,
+             f"max_prompt_tokens must be >= 16 (or null), got {self.max_prompt_tokens}"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ConfigError(msg)
+
+    def replace(self, **changes) -> "SamplingSettings":
+        return SamplingSettings(**{**asdict(self), **{k: v for k, v in changes.items() if v is not None}})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "SamplingSettings":
+        known = {k: v for k, v in (d or {}).items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+@dataclass
+class Completion:
+    ids: list[int]  # the sampled tokens, the stop token included when one was sampled
+    text: str  # decoded, special tokens and the stop token left out
+    stopped: bool  # True: a stop token ended it; False: it ran out of `max_new_tokens`
+    stop_id: int | None = None  # the stop token sampled, if any
+
+
+def stop_token_ids(tokenizer, model=None) -> list[int]:
+    """Token ids that end a turn: the tokenizer's and the model's eos, and every other special token (`<|im_start|>`
+    opening a new turn, `<|endoftext|>`): none belongs inside a turn."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    if model is not None:
+        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        ids.update([eos] if isinstance(eos, int) else list(eos or []))
+    ids.update(int(i) for i in tokenizer.all_special_ids)
+    return sorted(ids)
+
+
+class NucleusSampler:
+    """Draws one token per row from exactly the distribution of transformers' sampling (`TemperatureLogitsWarper`,
+    `TopKLogitsWarper`, `TopPLogitsWarper`, then multinomial), without sorting the vocabulary: the nucleus (the
+    tokens whose higher-ranked tokens hold less than `top_p` of the probability) is looked for among the top
+    `candidates[0]` logits, then `candidates[1]` for the rows it did not fit, and only the rows still wider get a full
+    sort. The draw is the Gumbel-max trick, argmax(logit - log E) with E ~ Exp(1), over the nucleus. Why: a full sort
+    of 49k logits and `multinomial` took 27% of a batched decoding step of SmolLM2 on 2 CPU cores, `topk(4096)` 11%.
+    Draws use the global torch RNG (seeded by the caller)."""
+
+    def __init__(self, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+                 candidates: tuple[int, ...] = (256, 4096)):
+        if temperature <= 0 or not 0 < top_p <= 1 or top_k < 0 or not candidates or min(candidates) < 1:
+            raise ValueError(f"need temperature > 0, 0 < top_p <= 1, top_k >= 0, candidates >= 1; got "
+                             f"{temperature}, {top_p}, {top_k}, {candidates}")
+        self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
+        self.candidates = tuple(sorted(candidates))
+
+    @classmethod
+    def from_settings(cls, s: SamplingSettings) -> "NucleusSampler | None":
+        return None if s.temperature == 0 else cls(s.temperature, s.top_p, s.top_k)
+
+    def __call__(self, scores):
+        """scores (B, V) -> sampled token ids (B,)."""
+        import torch
+
+        scores = scores.float() / self.temperature  # (B, V)
+        V = scores.shape[-1]
+        out = torch.empty(scores.shape[0], dtype=torch.long, device=scores.device)
+        rows = torch.arange(scores.shape[0], device=scores.device)
+        # probabilities in the full distribution, or, with top_k, in the top-k one (transformers' top-p after top-k)
+        norm = None if self.top_k else scores.logsumexp(-1, keepdim=True)  # (B, 1)
+        sizes = [min(self.top_k, V)] if self.top_k else [c for c in self.candidates if c < V] + [V]
+        for k in sizes:
+            sub = scores[rows]
+            vals, idx = sub.topk(k, dim=-1) if k < V else sub.sort(dim=-1, descending=True)  # (b, k), descending
+            probs = (vals - (vals.logsumexp(-1, keepdim=True) if self.top_k else norm[rows])).exp()  # (b, k)
+            keep = (probs.cumsum(-1) - probs) < self.top_p  # the mass ranked above each candidate
+            keep[:, 0] = True
+            fits = (probs.sum(-1) >= self.top_p) | (k >= V) | bool(self.top_k)  # the nucleus ends inside the candidates
+            if fits.any():
+                v, i, kp = vals[fits], idx[fits], keep[fits]
+                noisy = torch.where(kp, v - torch.empty_like(v).exponential_().log(), float("-inf"))
+                out[rows[fits]] = i.gather(-1, noisy.argmax(-1, keepdim=True)).squeeze(-1)
+            rows = rows[~fits]
+            if not len(rows):
+                break
+        return out
+
+
+def _growing_layer_class():
+    """A transformers `DynamicLayer` that writes new keys and values into room reserved ahead instead of
+    concatenating: `torch.cat` copies the whole cache at every decoding step (a quarter of a step of SmolLM2 at 64
+    rows on 2 CPU cores). `reserve` tokens of room are added whenever the buffer is full."""
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingLayer(DynamicLayer):
+        def __init__(self, reserve: int = 64, **kwargs):
+            super().__init__(**kwargs)
+            self.reserve, self.n, self._k, self._v = max(1, reserve), 0, None, None
+
+        def _view(self):
+            self.keys, self.values = self._k[:, :, : self.n], self._v[:, :, : self.n]  # (B, H, n, D)
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            new = key_states.shape[-2]
+            if self._k is None or self.n + new > self._k.shape[-2] or self._k.shape[0] != key_states.shape[0]:
+                B, H, _, D = key_states.shape
+                k = key_states.new_empty(B, H, self.n + new + self.reserve, D)
+                v = value_states.new_empty(B, H, self.n + new + self.reserve, value_states.shape[-1])
+                if self.n:
+                    k[:, :, : self.n], v[:, :, : self.n] = self.keys, self.values
+                self._k, self._v = k, v
+            self._k[:, :, self.n : self.n + new] = key_states
+            self._v[:, :, self.n : self.n + new] = value_states
+            self.n += new
+            self._view()
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return self.n
+
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            if self.n:
+                self._k = self._k.repeat_interleave(repeats, dim=0)
+                self._v = self._v.repeat_interleave(repeats, dim=0)
+                self._view()
+
+        def batch_select_indices(self, indices) -> None:
+            if self.n:
+                self._k, self._v = self._k[indices], self._v[indices]
+                self._view()
+
+        def crop(self, tokens_to_remove: int) -> None:
+            raise NotImplementedError("the engine never crops its cache")
+
+    return GrowingLayer
+
+
+def new_cache(reserve: int):
+    """An empty key/value cache of `GrowingLayer`s (one per attention layer, made as the model first writes it)."""
+    import functools
+
+    from transformers.cache_utils import Cache
+
+    return Cache(layer_class_to_replicate=functools.partial(_growing_layer_class(), reserve=reserve))
+
+
+class Engine:
+    """Batched sampling from a causal LM (see the module docstring). `precision`: the process precision
+    (`conversations.precision.resolve_precision`); fp32 weights then run under its autocast, bf16 ones as they are."""
+
+    def __init__(self, model, tokenizer, *, batch_size: int = 64, precision: str | None = None,
+                 stop_ids: Sequence[int] | None = None, share_prefix: bool = True, compact: bool = True,
+                 growing_cache: bool = True):
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        self.model, self.tokenizer = model, tokenizer
+        self.batch_size = batch_size
+        self.precision = precision
+        self.stops = sorted(set(stop_ids if stop_ids is not None else stop_token_ids(tokenizer, model)))
+        self.share_prefix, self.compact, self.growing_cache = share_prefix, compact, growing_cache
+        self._max_new = 64
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stops[0]
+        params = inspect.signature(model.forward).parameters
+        # transformers 5 names the cache `cache`, 4.x `past_key_values`; a PEFT wrapper passes either through
+        self._cache_kw = "past_key_values" if "past_key_values" in params and "cache" not in params else "cache"
+        self._keep_kw = "logits_to_keep" in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
+
+    # ---------------------------------------------------------------------------------------------------- public
+    def complete_texts(self, prompts: Sequence[str], settings: SamplingSettings, seed: int = 0) -> list[Completion]:
+        """One completion per rendered prompt (tokenized without adding special tokens: the template holds them)."""
+        ids = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        return self.complete(ids, settings, seed)
+
+    def complete(self, prompts: Sequence[Sequence[int]], settings: SamplingSettings, seed: int = 0,
+                 cancelled: Sequence | None = None) -> list[Completion]:
+        """One completion per prompt (token ids), in order. Prompts are batched by length (less padding); the same
+        seed, prompts and batch size give the same completions; the caller's torch RNG is left as it was.
+        `cancelled[i]()` returning True stops prompt i at the next token (what it has so far is returned): a server
+        drops the requests whose clients have gone."""
+        import torch
+
+        if not prompts:
+            return []
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        model = self.model
+        device = next(model.parameters()).device
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        results: list[Completion | None] = [None] * len(prompts)
+        sampler = NucleusSampler.from_settings(settings)
+        was_training = model.training
+        model.eval()
+        devices = [device.index or 0] if device.type == "cuda" else []
+        try:
+            with torch.random.fork_rng(devices=devices), torch.inference_mode(), self._autocast(device):
+                torch.manual_seed(seed)
+                for start in range(0, len(order), self.batch_size):
+                    idx = order[start : start + self.batch_size]
+                    gone = [cancelled[i] for i in idx] if cancelled is not None else None
+                    for i, c in zip(idx, self._batch([list(prompts[i]) for i in idx], settings, sampler, device, gone)):
+                        results[i] = c
+        finally:
+            model.train(was_training)
+        return results  # type: ignore[return-value]
+
+    # ---------------------------------------------------------------------------------------------------- inside
+    def _autocast(self, device):
+        import contextlib
+
+        import torch
+
+        from conversations.precision import autocast
+
+        weights = next(self.model.parameters()).dtype
+        if self.precision in (None, "fp32") or weights != torch.float32:
+            return contextlib.nullcontext()
+        return autocast(self.precision, device)
+
+    def _forward(self, ids, mask, pos, cache):
+        kw = {self._cache_kw: cache, "use_cache": True}
+        if self._keep_kw:
+            kw["logits_to_keep"] = 1  # the last position only: never a (B, T, vocab) tensor over the prompt
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, **kw)
+        cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+        return out.logits[:, -1, :], cache  # (B, V)
+
+    def _new_cache(self, rows):
+        """Our growing cache for plain attention models (Llama-like: every layer full attention), else None (the
+        model builds its own: sliding windows, recurrent state)."""
+        cfg = self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config") else self.model.config
+        types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
+        if not self.growing_cache or types != {"full_attention"}:
+            return None
+        return new_cache(reserve=max(len(r) for r in rows) + self._max_new)
+
+    def _prefix(self, rows: list[list[int]], device):
+        """(P, cache of the first P tokens repeated over the batch) when every row starts with the same P >= 16
+        tokens and the cache is a plain attention cache, else (0, None)."""
+        import torch
+
+        if not self.share_prefix or len(rows) < 2:
+            return 0, None
+        shortest = min(len(r) for r in rows)
+        first, p = rows[0], 0
+        while p < shortest - 1 and all(r[p] == first[p] for r in rows):  # at least one token per row stays uncached
+            p += 1
+        if p < MIN_SHARED_PREFIX:
+            return 0, None
+        _, cache = self._forward(torch.tensor([first[:p]], device=device), torch.ones(1, p, dtype=torch.long, device=device),
+                                 torch.arange(p, device=device)[None], self._new_cache(rows))
+        layers = getattr(cache, "layers", None)
+        if cache is None or not layers or any(not isinstance(l, self._layer_types) for l in layers):
+            return 0, None  # recurrent or sliding-window layers would carry state across the pads
+        cache.batch_repeat_interleave(len(rows))  # (1, H, P, D) -> (B, H, P, D) per layer
+        return p, cache
+
+    def _batch(self, rows: list[list[int]], s: SamplingSettings, sampler, device, gone=None) -> list[Completion]:
+        import torch
+
+        from transformers.cache_utils import DynamicLayer
+
+        self._layer_types = (DynamicLayer,)
+        self._max_new = s.max_new_tokens
+        B = len(rows)
+        p, cache = self._prefix(rows, device)
+        if cache is None:
+            cache = self._new_cache(rows)
+        rest = [r[p:] for r in rows]
+        width = max(len(r) for r in rest)
+        ids = torch.tensor([[self.pad_id] * (width - len(r)) + r for r in rest], device=device)  # (B, W)
+        mask = torch.tensor([[1] * p + [0] * (width - len(r)) + [1] * len(r) for r in rest], device=device)  # (B, P+W)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, p:]  # (B, W): positions as if unpadded
+        logits, cache = self._forward(ids, mask, pos, cache)
+        last = pos[:, -1]  # (B,)
+        stops = torch.tensor(self.stops, device=device)
+        live = torch.arange(B, device=device)  # which rows of `rows` the batch still holds
+        out: list[list[int]] = [[] for _ in range(B)]
+        finished = torch.zeros(B, dtype=torch.bool, device=device)
+        for step in range(s.max_new_tokens):
+            if step < s.min_new_tokens:
+                logits[:, stops] = float("-inf")
+            tok = logits.argmax(-1) if sampler is None else sampler(logits)  # (b,)
+            for r, t, f in zip(live.tolist(), tok.tolist(), finished[live].tolist()):
+                if not f:
+                    out[r].append(t)
+            finished[live] |= torch.isin(tok, stops)
+            if gone is not None:
+                for r in live.tolist():
+                    if not finished[r] and gone[r] is not None and gone[r]():
+                        finished[r] = True
+            if step + 1 == s.max_new_tokens or bool(finished.all()):
+                break
+            done = finished[live]  # (b,)
+            if self.compact and bool(done.any()):
+                keep = (~done).nonzero().squeeze(-1)
+                cache.batch_select_indices(keep)
+                live, mask, last, tok = live[keep], mask[keep], last[keep], tok[keep]
+            mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=-1)
+            last = last + 1
+            logits, cache = self._forward(tok[:, None], mask, last[:, None], cache)
+        return [self._completion(o) for o in out]
+
+    def _completion(self, ids: list[int]) -> Completion:
+        stop_set = set(self.stops)
+        cut = next((k for k, t in enumerate(ids) if t in stop_set), None)
+        stopped = cut is not None
+        if stopped:
+            ids = ids[: cut + 1]
+        body = ids[:-1] if stopped else ids
+        text = self.tokenizer.decode(body, skip_special_tokens=True)
+        return Completion(ids=ids, text=text, stopped=stopped, stop_id=ids[-1] if stopped else None)
+
+
+def inference_copy(model, precision: str = "fp32"):
+    """A frozen copy of `model` for the engine: any LoRA adapter merged, weights in the precision's dtype (a bf16 copy
+    decodes faster than autocast over fp32 weights, which re-casts every weight at every step), eval mode. The
+    original is not touched."""
+    import copy
+
+    from conversations.precision import inference_dtype
+
+    frozen = copy.deepcopy(model)
+    if hasattr(frozen, "merge_and_unload"):
+        frozen = frozen.merge_and_unload()
+    return frozen.to(inference_dtype(precision)).eval().requires_grad_(False)
+
+
+def inference_model(model_wrapped, accelerator, *, precision: str = "fp32", merge_lora: bool = True,
+                    gather_zero3: bool = True):
+    """The trainer's model, ready for the engine outside TRL: unwrapped, gradient checkpointing off (TRL's
+    `unwrap_model_for_generation`, which under ZeRO-3 also gathers the partitioned weights so that every rank runs
+    whole layers) and, with `merge_lora` on an unsharded model, a frozen copy with any LoRA adapter merged (plain
+    linear layers: LoRA's extra matmuls cost ~20% of a decoding step on a CPU) in the precision's dtype (a bf16 copy
+    decodes faster than autocast over fp32 weights, which re-casts every weight at every step). The copy is dropped on
+    exit; the training weights are never touched. A context manager."""
+    import contextlib
+
+    from accelerate.utils import DistributedType
+    from trl.models import unwrap_model_for_generation
+
+    @contextlib.contextmanager
+    def ctx():
+        sharded = accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP)
+        with unwrap_model_for_generation(model_wrapped, accelerator, gather_deepspeed3_params=gather_zero3) as model:
+            if merge_lora and not sharded:
+                yield inference_copy(model, precision)  # + one copy of the weights while it is in use
+            else:
+                yield model
+
+    return ctx()
