@@ -10,6 +10,23 @@ from dataclasses import dataclass, field
 from conversations.config import ConfigError
 
 DETECTORS = ("classical", "style", "neural")
+OBJECTIVES = ("grpo", "dpo_rounds")
+# every numeric field's natural range (conversations.config.check_ranges: one message naming the key)
+RANGES = {
+    "max_context_messages": ">= 1", "max_turn_chars": ">= 10", "max_context_tokens": ">= 16", "train_contexts": ">= 1",
+    "lora_r": ">= 0", "lora_alpha": "> 0", "lora_dropout": "[0, 1)", "warmstart_steps": ">= 0",
+    "warmstart_batch_size": ">= 1", "warmstart_micro_batch": ">= 1", "warmstart_lr": "> 0",
+    "warmstart_max_length": ">= 32", "disc_init_items": ">= 8", "disc_epochs": ">= 1", "disc_lr": "> 0",
+    "disc_batch_size": ">= 2", "disc_max_length": ">= 32", "disc_context_tokens": ">= 0", "label_smoothing": "[0, 0.5)",
+    "disc_pool_size": ">= 16", "d_every": ">= 1", "d_steps": ">= 0", "replay_size": ">= 1",
+    "disc_acc_ceiling": "(0.5, 1]", "disc_acc_floor": "[0.5, 1)", "reward_clip": "> 0", "w_disc": ">= 0",
+    "w_length": ">= 0", "w_copy": ">= 0", "w_assistant": ">= 0", "max_faults": ">= 0", "phase_seconds": ">= 0",
+    "round_contexts": ">= 1", "round_samples": ">= 2", "round_min_margin": ">= 0", "max_rounds": ">= 0",
+    "eval_rounds": ">= 1", "dpo_beta": "> 0", "dpo_lr": "> 0", "dpo_sft_weight": ">= 0", "dpo_batch_size": ">= 1",
+    "dpo_micro_batch": ">= 1", "heldout_contexts": ">= 20", "heldout_folds": ">= 2", "heldout_max_new_tokens": ">= 1",
+    "sim_batch_size": ">= 1", "sim_temperature": "> 0", "sim_top_p": "(0, 1]", "gate_patience": ">= 1",
+    "gate_min_delta": ">= 0", "gate_target_td": "[0, 50]", "gate_smooth": ">= 1",
+}
 
 
 @dataclass
@@ -58,6 +75,13 @@ class AdversaryConfig:
     disc_max_length: int = field(default=192, metadata={"help": "Discriminator input tokens (context tail + turn)."})
     disc_context_tokens: int = field(default=96, metadata={"help": "Of those, tokens of context (truncated from the left)."})
     label_smoothing: float = field(default=0.1, metadata={"help": "Label smoothing of discriminator updates (keeps rewards from saturating)."})
+    disc_weights: list[float] = field(default_factory=lambda: [1.0, 1.0], metadata={
+        "help": "Weights of the discriminator's two members in its log-odds: [neural (the `discriminator` backbone, "
+                "updated online), classical (char/word n-gram logistic regression, refit on its pool)]; 0 leaves one out."})
+    disc_pool_size: int = field(default=4096, metadata={"help": "Newest labelled turns the classical member is refit on."})
+    disc_reward: str = field(default="logit", metadata={
+        "help": "The discriminator reward from its log-odds z: logit = clip(z, +-reward_clip); log_d = log sigmoid(z) "
+                "clipped below at -reward_clip (non-saturating, no reward for 'more real than real')."})
 
     # ---- stage 3: adversarial GRPO
     d_every: int = field(default=1, metadata={"help": "Discriminator updates every this many generator steps."})
@@ -71,6 +95,27 @@ class AdversaryConfig:
     w_copy: float = field(default=0.5, metadata={"help": "Weight of the copying-from-context penalty."})
     w_assistant: float = field(default=0.5, metadata={"help": "Weight of the assistant-likeness penalty."})
     max_faults: int = field(default=5, metadata={"help": "Non-finite losses or rewards tolerated (steps skipped) before the run stops."})
+    objective: str = field(default="grpo", metadata={
+        "help": "How the generator learns against the discriminator: grpo (TRL GRPOTrainer, reward = discriminator + "
+                "realism terms) or dpo_rounds (rounds of: sample round_samples turns per context, the discriminator "
+                "picks chosen/rejected, one epoch of TRL DPO on the LoRA adapter; adversary/rounds.py)."})
+    phase_seconds: float = field(default=0.0, metadata={
+        "help": "Wall-time budget of the adversarial phase in seconds (0: none; the step/round budget still holds)."})
+    round_contexts: int = field(default=64, metadata={"help": "dpo_rounds: training contexts per round."})
+    round_samples: int = field(default=4, metadata={"help": "dpo_rounds: turns sampled per context."})
+    round_chosen: str = field(default="sample", metadata={
+        "help": "dpo_rounds: the chosen turn of a pair: sample (the most real-looking sample) or real (the real turn); "
+                "the rejected one is always the least real-looking sample."})
+    round_min_margin: float = field(default=0.0, metadata={
+        "help": "dpo_rounds: drop pairs whose discriminator log-odds differ by less than this."})
+    max_rounds: int = field(default=0, metadata={"help": "dpo_rounds: rounds at most (0: until max_steps or phase_seconds)."})
+    eval_rounds: int = field(default=1, metadata={"help": "dpo_rounds: held-out td every this many rounds."})
+    dpo_beta: float = field(default=0.1, metadata={"help": "dpo_rounds: DPO beta (reference: the policy at the round's start)."})
+    dpo_lr: float = field(default=5e-5, metadata={"help": "dpo_rounds: learning rate of the LoRA adapter."})
+    dpo_sft_weight: float = field(default=0.0, metadata={
+        "help": "dpo_rounds: weight of an NLL term on the chosen turn beside DPO (TRL loss_type [sigmoid, sft], RPO)."})
+    dpo_batch_size: int = field(default=8, metadata={"help": "dpo_rounds: pairs per optimiser step."})
+    dpo_micro_batch: int = field(default=4, metadata={"help": "dpo_rounds: pairs per forward pass (the rest accumulates)."})
 
     # ---- held-out Turing distance and the gate
     heldout_contexts: int = field(default=128, metadata={"help": "Held-out test-split contexts, one simulated turn each, per evaluation."})
@@ -93,36 +138,34 @@ class AdversaryConfig:
     export_dir: str | None = field(default=None, metadata={"help": "Where the frozen simulator goes (default OUTPUT_DIR/frozen)."})
 
     def __post_init__(self):
-        checks = [
-            (self.max_context_messages >= 1, "max_context_messages must be >= 1"),
-            (self.max_turn_chars >= 10, "max_turn_chars must be >= 10"),
-            (self.train_contexts >= 1, "train_contexts must be >= 1"),
-            (self.lora_r >= 0, "lora_r must be >= 0 (0 trains every parameter)"),
-            (self.warmstart_steps >= 0, "warmstart_steps must be >= 0 (0 skips the warm start)"),
-            (self.warmstart_micro_batch >= 1 and self.warmstart_batch_size % self.warmstart_micro_batch == 0,
+        from conversations.assets import check_model_name
+        from conversations.config import check_ranges
+
+        check_ranges(self, RANGES)
+        checks = [  # (ok, key, what is wrong)
+            (self.warmstart_batch_size % self.warmstart_micro_batch == 0, "warmstart_batch_size",
              "warmstart_batch_size must be a multiple of warmstart_micro_batch"),
-            (self.disc_init_items >= 8, "disc_init_items must be >= 8"),
-            (self.sim_batch_size >= 1, "sim_batch_size must be >= 1"),
-            (self.d_every >= 1 and self.d_steps >= 0, "d_every must be >= 1 and d_steps >= 0"),
-            (self.disc_context_tokens < self.disc_max_length, "disc_context_tokens must be smaller than disc_max_length"),
-            (0 <= self.label_smoothing < 0.5, "label_smoothing must be in [0, 0.5)"),
-            (0.5 <= self.disc_acc_floor < self.disc_acc_ceiling <= 1.0, "need 0.5 <= disc_acc_floor < disc_acc_ceiling <= 1"),
-            (self.reward_clip > 0, "reward_clip must be > 0"),
-            (min(self.w_disc, self.w_length, self.w_copy, self.w_assistant) >= 0, "reward weights must be >= 0"),
-            (self.heldout_contexts >= 20, "heldout_contexts must be >= 20 (the meter needs 20 items a side)"),
-            (self.heldout_folds >= 2, "heldout_folds must be >= 2"),
-            (self.gate_patience >= 1 and self.gate_smooth >= 1, "gate_patience and gate_smooth must be >= 1"),
-            (self.max_faults >= 0, "max_faults must be >= 0"),
+            (self.disc_context_tokens <= self.disc_max_length - 16, "disc_context_tokens",
+             "disc_context_tokens must leave 16 tokens of disc_max_length for the turn"),
+            (self.disc_acc_floor < self.disc_acc_ceiling, "disc_acc_floor", "disc_acc_floor must be below disc_acc_ceiling"),
+            (self.warmstart_max_length > self.max_context_tokens, "warmstart_max_length",
+             "warmstart_max_length must be larger than max_context_tokens (room for the turn)"),
+            (self.objective in OBJECTIVES, "objective", f"objective must be one of {', '.join(OBJECTIVES)}"),
+            (self.disc_reward in ("logit", "log_d"), "disc_reward", "disc_reward must be logit or log_d"),
+            (len(self.disc_weights) == 2 and min(self.disc_weights) >= 0 and max(self.disc_weights) > 0,
+             "disc_weights", "disc_weights must be two weights >= 0 (neural, classical), not both 0"),
+            (self.round_chosen in ("sample", "real"), "round_chosen", "round_chosen must be sample or real"),
+            (self.dpo_batch_size % self.dpo_micro_batch == 0, "dpo_batch_size",
+             "dpo_batch_size must be a multiple of dpo_micro_batch"),
         ]
-        for ok, msg in checks:
+        for ok, key, msg in checks:
             if not ok:
-                raise ConfigError(f"{msg}; fix it in the YAML config or with --{msg.split()[0]} on the command line")
+                raise ConfigError(f"{msg}; fix it in the YAML config or with --{key} on the command line")
+        check_model_name(self.model, "model")
+        check_model_name(self.discriminator, "discriminator")
         from conversations.precision import normalise_dtype
 
         self.dtype = normalise_dtype(self.dtype)
-        if self.sim_temperature <= 0 or not 0 < self.sim_top_p <= 1:
-            raise ConfigError("need sim_temperature > 0 and 0 < sim_top_p <= 1; fix it in the YAML config or with "
-                              "--sim_temperature / --sim_top_p on the command line")
         bad = [d for d in self.heldout_detectors if d not in DETECTORS]
         if bad or not self.heldout_detectors:
             raise ConfigError(f"heldout_detectors: unknown {bad} (choose from {', '.join(DETECTORS)})")
@@ -144,6 +187,6 @@ def parse_job(extra_types: tuple, argv, prog: str, default_config=None):
     if default_config is not None and "--config" not in argv:
         argv = ["--config", str(default_config)] + argv
     cfg, args, *extra = parse_config((AdversaryConfig, GRPOConfig, *extra_types), argv, prog=prog)
-    cfg.dtype = run_precision(cfg.dtype, args, given_keys(argv))
+    cfg.dtype = run_precision(cfg.dtype, args, *given_keys(argv))
     apply_precision(args, cfg.dtype)
     return (cfg, args, *extra)

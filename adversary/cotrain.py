@@ -85,30 +85,71 @@ class FaultCounter:
         return self.total > self.limit
 
 
-def discriminator_accuracy(disc, items, labels) -> float:
-    scores = np.asarray(disc.score(items))
-    return float(np.mean((scores > 0).astype(int) == labels))
-
-
 def broadcast_module(module) -> None:
     """Copy every parameter and buffer of `module` from rank 0 to all ranks (no-op in one process)."""
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if module is None or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return
     for t in list(module.parameters()) + list(module.buffers()):
         dist.broadcast(t.data, src=0)
 
 
+def cotrain_round(cfg, state, fresh: list, step: int, *, is_main: bool = True) -> dict:
+    """One co-training round on the (context, simulated, real, id) triples `fresh` (the same on every rank): the
+    discriminator's accuracy on them before it learns from them, then `d_steps` balanced updates (none while that
+    accuracy is above the ceiling, twice as many while it is below the floor; neural updates on the main process,
+    broadcast), the classical member refit on every rank. Appends to and returns the round's row."""
+    from sklearn.metrics import accuracy_score
+
+    buffer, disc = state.buffer, state.discriminator
+    fresh = [tuple(t) for t in fresh]
+    items, labels = buffer.sample(2 * len(fresh), recent=fresh) if fresh else ([], np.asarray([]))
+    acc = float(accuracy_score(labels, (disc.score(items) > 0).astype(int))) if items else float("nan")
+    n_updates = cfg.d_steps
+    if acc == acc:  # not NaN
+        if acc > cfg.disc_acc_ceiling:
+            n_updates = 0
+        elif acc < cfg.disc_acc_floor:
+            n_updates = 2 * cfg.d_steps
+    buffer.extend(fresh)
+    losses = []
+    if n_updates and items:
+        disc.observe(items, labels)  # every rank, deterministic: the classical member stays identical everywhere
+    if is_main:
+        for i in range(n_updates):
+            batch, y = buffer.sample(cfg.disc_batch_size, recent=fresh if i == 0 else None)
+            if batch:
+                crash_point("disc_update", step=step)
+                losses.append(disc.update(batch, y))
+    if n_updates:
+        broadcast_module(disc.model)
+    row = {"step": step, "disc/acc": acc, "disc/loss": float(np.nanmean(losses)) if losses else None,
+           "disc/updates": n_updates, "disc/buffer": len(buffer.items)}
+    state.cotrain_history.append(row)
+    _check_collapse(state)
+    return row
+
+
+def _check_collapse(state, window: int = 20) -> None:
+    """A discriminator pinned at 100% (reward saturated) or at 50% (no signal) for many rounds is reported."""
+    recent = [h["disc/acc"] for h in state.cotrain_history[-window:] if h["disc/acc"] == h["disc/acc"]]
+    if state.collapse_reported or len(recent) < window:
+        return
+    if min(recent) >= 0.999 or all(abs(a - 0.5) <= 0.05 for a in recent):
+        kind = "pinned at 100%" if min(recent) >= 0.999 else "pinned near 50%"
+        print(f"warning: discriminator collapse: accuracy {kind} for {window} update rounds")
+        state.cotrain_history[-1]["disc/collapse"] = 1
+        state.collapse_reported = True
+
+
 class CoTrainCallback(TrainerCallback):
-    def __init__(self, cfg, discriminator, buffer: ReplayBuffer, accelerator, collapse_window: int = 20):
-        self.cfg = cfg
-        self.disc = discriminator
-        self.buffer = buffer
-        self.accelerator = accelerator
-        self.history: list[dict] = []  # per update round: acc before, loss, updates
-        self.collapse_window = collapse_window
-        self.collapse_reported = False
+    """GRPO's co-training: every `d_every` generator steps, the new triples of every rank are gathered (so the
+    replay buffer is identical everywhere) and `cotrain_round` runs."""
+
+    def __init__(self, cfg, state, accelerator=None):
+        self.cfg, self.state = cfg, state
+        self.accelerator = accelerator  # set once the trainer exists
         self.last: dict = {}
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -117,57 +158,14 @@ class CoTrainCallback(TrainerCallback):
         step = state.global_step
         if step % self.cfg.d_every != 0:
             return control
-        fresh = self.buffer.take_pending()
+        fresh = self.state.buffer.take_pending()
         if self.accelerator.num_processes > 1:
             fresh = gather_object(fresh)  # every rank now holds every rank's triples, in rank order
-        fresh = [tuple(t) for t in fresh]
-        items, labels = self.buffer.sample(2 * len(fresh), recent=fresh) if fresh else ([], np.asarray([]))
-        acc = discriminator_accuracy(self.disc, items, labels) if items else float("nan")
-        n_updates = self.cfg.d_steps
-        if acc == acc:  # not NaN
-            if acc > self.cfg.disc_acc_ceiling:
-                n_updates = 0
-            elif acc < self.cfg.disc_acc_floor:
-                n_updates = 2 * self.cfg.d_steps
-        self.buffer.extend(fresh)
-        losses = []
-        if self.accelerator.is_main_process:
-            for i in range(n_updates):
-                batch, y = self.buffer.sample(self.cfg.disc_batch_size, recent=fresh if i == 0 else None)
-                if batch:
-                    crash_point("disc_update", step=step)
-                    losses.append(float(self.disc.update(batch, y)))
-        if n_updates:
-            broadcast_module(self.disc.model)
-        self.last = {
-            "disc/acc": acc,
-            "disc/loss": float(np.mean(losses)) if losses else None,
-            "disc/updates": n_updates,
-            "disc/buffer": len(self.buffer.items),
-        }
-        self.history.append({"step": step, **self.last})
-        self._check_collapse()
+        row = cotrain_round(self.cfg, self.state, fresh, step, is_main=self.accelerator.is_main_process)
+        self.last = {k: v for k, v in row.items() if k != "step"}
         return control
-
-    def _check_collapse(self) -> None:
-        """A discriminator pinned at 100% (reward saturated) or at 50% (no signal) for many rounds is reported."""
-        recent = [h["disc/acc"] for h in self.history[-self.collapse_window :] if h["disc/acc"] == h["disc/acc"]]
-        if self.collapse_reported or len(recent) < self.collapse_window:
-            return
-        if min(recent) >= 0.999 or all(abs(a - 0.5) <= 0.05 for a in recent):
-            kind = "pinned at 100%" if min(recent) >= 0.999 else "pinned near 50%"
-            print(f"warning: discriminator collapse: accuracy {kind} for {self.collapse_window} update rounds")
-            self.last["disc/collapse"] = 1
-            self.collapse_reported = True
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs is not None:
             logs.update({k: v for k, v in self.last.items() if v is not None})
         return control
-
-    def state_dict(self) -> dict:
-        return {"history": self.history, "collapse_reported": self.collapse_reported}
-
-    def load_state_dict(self, d: dict) -> None:
-        self.history = list(d.get("history", []))
-        self.collapse_reported = bool(d.get("collapse_reported", False))

@@ -76,3 +76,62 @@ def measure_heldout(real: list[TurnRecord], sims: list[TurnRecord], cfg, seed: i
         row[f"diag/{k}"] = v
     row["td/meter_seconds"] = time.perf_counter() - t0
     return row
+
+
+class HeldoutMeter:
+    """One held-out evaluation, the same for every objective: every rank simulates its shard of the held-out
+    contexts with the model `generation` yields; the main process measures the panel td, the training
+    discriminator's own accuracy on the same real and simulated turns (`disc/heldout_acc`: how far ahead of the
+    generator it is), updates the gate and rewrites the curve files; the row and the gate's decision are broadcast."""
+
+    def __init__(self, cfg, data, tokenizer, state, out_dir):
+        self.cfg, self.data, self.tok, self.state = cfg, data, tokenizer, state
+        self.out = out_dir
+
+    def evaluate(self, step: int, generation, accelerator=None, extra: dict | None = None) -> tuple[dict, bool, bool]:
+        """(row, stop, is_best). `generation`: a context manager yielding the model to simulate with."""
+        from accelerate.utils import broadcast_object_list
+        from sklearn.metrics import accuracy_score
+
+        from adversary.gate import PlateauGate, Reading
+
+        is_main = accelerator is None or accelerator.is_main_process
+        t0 = time.perf_counter()
+        with generation as model:
+            sims = simulate_heldout(model, self.tok, self.data.heldout, self.cfg, accelerator, precision=self.cfg.dtype)
+        payload = [None]
+        if is_main:
+            row = {"step": step, **measure_heldout(self.data.heldout, sims, self.cfg)}
+            items = list(self.data.heldout) + sims
+            y = [1] * len(self.data.heldout) + [0] * len(sims)
+            row["disc/heldout_acc"] = float(accuracy_score(y, (self.state.discriminator.score(items) > 0).astype(int)))
+            row.update(extra or {})
+            decision = self.state.gate.update(Reading(step, row["td/panel"], row["td/ci_low"], row["td/ci_high"]))
+            row["td/eval_seconds"] = time.perf_counter() - t0
+            payload = [{"row": row, "stop": decision.stop, "is_best": decision.is_best,
+                        "gate": self.state.gate.state_dict()}]
+        if accelerator is not None and accelerator.num_processes > 1:
+            broadcast_object_list(payload, from_process=0)
+        res = payload[0]
+        if not is_main:  # keep the gate identical everywhere
+            self.state.gate = PlateauGate.from_state_dict(res["gate"])
+        self.state.rows.append(res["row"])
+        self.state.meter_seconds += time.perf_counter() - t0
+        if is_main:
+            self.write_outputs()
+            r = res["row"]
+            print(f"[td] step {step}: td {r['td/panel']:.1f} (95% CI {r['td/ci_low']:.1f}-{r['td/ci_high']:.1f}), "
+                  f"auc {r['td/auc']:.3f}, discriminator acc on held-out {r['disc/heldout_acc']:.3f}, "
+                  f"truncated {r.get('diag/truncated_rate', 0):.2f}, ends {r.get('diag/end_rate', 0):.2f}"
+                  f"{'  best' if res['is_best'] else ''}"
+                  f"{'  -> gate: ' + self.state.gate.describe() if res['stop'] else ''}", flush=True)
+        return res["row"], res["stop"], res["is_best"]
+
+    def write_outputs(self) -> None:
+        from adversary.curves import plot_curves, write_curves
+
+        gate = self.state.gate
+        write_curves(self.state.rows, self.out / "curves.csv")
+        freeze = self.state.rows[-1]["step"] if gate.stopped else None
+        plot_curves(self.state.rows, self.out / "turing_curve.png", freeze_step=freeze,
+                    best_step=gate.best.step if gate.best else None)

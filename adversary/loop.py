@@ -12,13 +12,9 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from adversary.cotrain import CoTrainCallback, FaultCounter, ReplayBuffer
-from adversary.curves import plot_curves, write_curves
-from adversary.gate import PlateauGate, Reading
-from adversary.heldout import measure_heldout, simulate_heldout
-from generator.engine import inference_model
+from adversary.cotrain import CoTrainCallback, FaultCounter
 from adversary.reward import build_rewards
-from adversary.state import save_state
+from generator.engine import inference_model
 
 log = logging.getLogger("adversary")
 
@@ -48,69 +44,42 @@ class FaultGuard(TrainerCallback):
 
 
 class HeldoutGateCallback(TrainerCallback):
-    """Held-out td before the first adversarial step and every `eval_steps`; the gate decides when to stop and which
-    checkpoint is best (saved to OUTPUT_DIR/best)."""
+    """GRPO's held-out td: before the first adversarial step and every `eval_steps` (`HeldoutMeter`); the gate decides
+    when to stop, and the best checkpoint is saved to OUTPUT_DIR/best."""
 
-    def __init__(self, cfg, args, data, tokenizer, gate: PlateauGate, rows: list, cotrain: CoTrainCallback):
-        self.cfg, self.args, self.data, self.tok = cfg, args, data, tokenizer
-        self.gate, self.rows, self.cotrain = gate, rows, cotrain
+    def __init__(self, cfg, args, meter):
+        self.cfg, self.args, self.meter = cfg, args, meter
         self.trainer = None  # set after the trainer is built
-        self.meter_seconds = 0.0
         self.out = Path(args.output_dir)
+        self._stop = False
 
-    # ---- one evaluation: simulate on every rank, measure on the main process, share the decision
+    @property
+    def state(self):
+        return self.meter.state
+
     def evaluate(self, step: int) -> None:
-        from accelerate.utils import broadcast_object_list
-
         acc = self.trainer.accelerator
-        t0 = time.perf_counter()
-        with inference_model(self.trainer.model_wrapped, acc, precision=self.cfg.dtype,
-                             merge_lora=self.cfg.heldout_merge_lora, gather_zero3=self.args.ds3_gather_for_generation) as gen:
-            sims = simulate_heldout(gen, self.tok, self.data.heldout, self.cfg, acc, precision=self.cfg.dtype)
-        payload = [None]
-        if acc.is_main_process:
-            row = {"step": step, **measure_heldout(self.data.heldout, sims, self.cfg)}
-            row["disc/acc"] = self.cotrain.last.get("disc/acc")
-            hist = self.trainer.state.log_history
-            rewards = [h["reward"] for h in hist if "reward" in h]
-            kls = [h["kl"] for h in hist if "kl" in h]
-            row["gen/reward"] = rewards[-1] if rewards else None
-            row["gen/kl"] = kls[-1] if kls else None
-            decision = self.gate.update(Reading(step, row["td/panel"], row["td/ci_low"], row["td/ci_high"]))
-            row["td/eval_seconds"] = time.perf_counter() - t0
-            self.rows.append(row)
-            payload = [{"row": row, "stop": decision.stop, "is_best": decision.is_best, "gate": self.gate.state_dict()}]
-        broadcast_object_list(payload, from_process=0)
-        res = payload[0]
-        if not acc.is_main_process:  # keep the gate identical everywhere
-            self.gate = PlateauGate.from_state_dict(res["gate"])
-            self.rows.append(res["row"])
-        if res["is_best"]:
+        hist = self.trainer.state.log_history
+        rewards = [h["reward"] for h in hist if "reward" in h]
+        kls = [h["kl"] for h in hist if "kl" in h]
+        cot = self.state.cotrain_history
+        extra = {"disc/acc": cot[-1]["disc/acc"] if cot else None, "gen/reward": rewards[-1] if rewards else None,
+                 "gen/kl": kls[-1] if kls else None}
+        generation = inference_model(self.trainer.model_wrapped, acc, precision=self.cfg.dtype,
+                                     merge_lora=self.cfg.heldout_merge_lora, gather_zero3=self.args.ds3_gather_for_generation)
+        row, stop, is_best = self.meter.evaluate(step, generation, acc, extra)
+        if is_best:
             from adversary.stages import save_policy
 
             save_policy(self.trainer, self.out / "best")
             if acc.is_main_process:
-                (self.out / "best" / "best.json").write_text(json.dumps(res["row"], default=str, indent=2))
-        self.meter_seconds += time.perf_counter() - t0
-        if acc.is_main_process:
-            self.write_outputs()
-            r = res["row"]
-            acc = r.get("disc/acc")
-            print(f"[td] step {step}: td {r['td/panel']:.1f} (95% CI {r['td/ci_low']:.1f}-{r['td/ci_high']:.1f}), "
-                  f"auc {r['td/auc']:.3f}, disc acc {acc if acc is None else round(acc, 3)}"
-                  f"{'  best' if res['is_best'] else ''}{'  -> gate: ' + self.gate.describe() if res['stop'] else ''}")
+                (self.out / "best" / "best.json").write_text(json.dumps(row, default=str, indent=2))
         # every rank logs: Trainer.log runs collectives, and a main-only call would put the ranks out of step
-        self.trainer.log(curve_metrics(res["row"]))
-        self._stop = res["stop"]
-
-    def write_outputs(self) -> None:
-        write_curves(self.rows, self.out / "curves.csv")
-        freeze = self.rows[-1]["step"] if self.gate.stopped else None
-        plot_curves(self.rows, self.out / "turing_curve.png", freeze_step=freeze,
-                    best_step=self.gate.best.step if self.gate.best else None)
+        self.trainer.log(curve_metrics(row))
+        self._stop = stop
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        if not self.rows or self.rows[-1]["step"] < state.global_step:
+        if not self.state.rows or self.state.rows[-1]["step"] < state.global_step:
             self.evaluate(state.global_step)
             if self._stop:
                 control.should_training_stop = True
@@ -124,11 +93,27 @@ class HeldoutGateCallback(TrainerCallback):
         return control
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
-        if self.rows and self.rows[-1]["step"] < state.global_step and not self.gate.stopped:
+        if self.state.rows and self.state.rows[-1]["step"] < state.global_step and not self.state.gate.stopped:
             self.evaluate(state.global_step)
-        self.gate.finish(state.global_step)
+        self.state.gate.finish(state.global_step)
         if self.trainer.accelerator.is_main_process:
-            self.write_outputs()
+            self.meter.write_outputs()
+        return control
+
+
+class TimeBudget(TrainerCallback):
+    """Stops training once `seconds` of wall time have passed since `start` (the study's equal-time arms)."""
+
+    def __init__(self, seconds: float, start: float | None = None):
+        self.seconds, self.start = seconds, start
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = self.start or time.time()
+        return control
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.seconds and time.time() - self.start >= self.seconds:
+            control.should_training_stop = True
         return control
 
 
@@ -179,36 +164,28 @@ class QuietProgress(TrainerCallback):
 
 
 class RunStateCallback(TrainerCallback):
-    """Adds the discriminator, replay buffer, gate, curve rows, co-training history and faults to every checkpoint."""
+    """Adds the run state (`AdversaryState`: discriminator, replay buffer, gate, curve rows, co-training history,
+    faults) to every checkpoint the trainer writes."""
 
-    def __init__(self, disc, buffer, heldout_cb: HeldoutGateCallback, cotrain: CoTrainCallback, faults: FaultCounter, accelerator):
-        self.disc, self.buffer, self.heldout, self.cotrain, self.faults = disc, buffer, heldout_cb, cotrain, faults
-        self.accelerator = accelerator
+    def __init__(self, state):
+        self.state = state
+        self.accelerator = None  # set once the trainer exists
 
     def on_save(self, args, state, control, **kwargs):
         if self.accelerator.is_main_process:
-            ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            save_state(ckpt, discriminator=self.disc, parts={
-                "buffer": self.buffer.state_dict(),
-                "gate": self.heldout.gate.state_dict(),
-                "rows": self.heldout.rows,
-                "cotrain": self.cotrain.state_dict(),
-                "faults": self.faults.counts,
-                "meter_seconds": self.heldout.meter_seconds,
-            })
+            self.state.save(Path(args.output_dir) / f"checkpoint-{state.global_step}")
         self.accelerator.wait_for_everyone()
         return control
 
 
-def grpo_dataset(cfg, tokenizer, records, seed: int):
+def grpo_dataset(cfg, tokenizer, records):
     """Prompts for GRPO: the role-flipped simulator prompt (rendered, left-truncated to the token budget) and, as
-    extra columns the reward functions receive, the context, the real turn of that context and the record id."""
+    extra columns the reward functions receive, the context, the real turn of that context and the record id.
+    `records`: the run's GRPO contexts (drawn in `prepare_data`)."""
     from datasets import Dataset
 
-    from generator.data import sample_records
     from generator.prompts import render_prompt
 
-    chosen = sample_records(records, cfg.train_contexts, seed=seed + 3)
     return Dataset.from_list([
         {
             "prompt": render_prompt(tokenizer, r.context, max_context_tokens=cfg.max_context_tokens),
@@ -216,43 +193,35 @@ def grpo_dataset(cfg, tokenizer, records, seed: int):
             "real_turn": r.user_turn,
             "record_id": r.id,
         }
-        for r in chosen
+        for r in records
     ])
 
 
-def build_trainer(cfg, args, model, tokenizer, disc, data, *, gate, rows, buffer: ReplayBuffer, faults: FaultCounter,
-                  heldout: bool = True):
-    """The GRPO trainer with our callbacks. `heldout=False` (the study) leaves out the held-out td, gate and run-state
-    callbacks: the generator then trains for exactly `max_steps`."""
-    from peft import LoraConfig
+def build_trainer(cfg, args, model, tokenizer, state, data, *, meter=None, time_budget: float = 0.0):
+    """The GRPO trainer with our callbacks. Without a `meter` (the study) the held-out td, gate and run-state
+    callbacks are left out: the generator then trains for exactly `max_steps` (or `time_budget` seconds)."""
     from trl import GRPOTrainer
 
-    reward_funcs, weights = build_rewards(cfg, disc, buffer, faults)
+    from generator.model import lora_config
+
+    reward_funcs, weights = build_rewards(cfg, state)
     args.reward_weights = weights
-    peft_config = None
-    if cfg.lora_r > 0:
-        peft_config = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                                 target_modules="all-linear", task_type="CAUSAL_LM")
-    from accelerate import PartialState
-
-    accelerator_state = PartialState()
-
-    class _Acc:  # the callbacks need rank facts before the trainer (and its accelerator) exists
-        num_processes = accelerator_state.num_processes
-        is_main_process = accelerator_state.is_main_process
-        process_index = accelerator_state.process_index
-
-    cotrain = CoTrainCallback(cfg, disc, buffer, _Acc)
-    heldout_cb = HeldoutGateCallback(cfg, args, data, tokenizer, gate, rows, cotrain)
-    runstate = RunStateCallback(disc, buffer, heldout_cb, cotrain, faults, _Acc)
+    cotrain = CoTrainCallback(cfg, state)
+    callbacks = [FaultGuard(state.faults), cotrain]
+    heldout_cb = runstate = None
+    if meter is not None:
+        heldout_cb, runstate = HeldoutGateCallback(cfg, args, meter), RunStateCallback(state)
+        callbacks += [heldout_cb, runstate]
+    if time_budget:
+        callbacks.append(TimeBudget(time_budget))
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=reward_funcs,
         args=args,
-        train_dataset=grpo_dataset(cfg, tokenizer, data.train, args.seed),
+        train_dataset=grpo_dataset(cfg, tokenizer, data.grpo),
         processing_class=tokenizer,
-        peft_config=peft_config,
-        callbacks=[FaultGuard(faults), cotrain] + ([heldout_cb, runstate] if heldout else []),
+        peft_config=lora_config(cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout),
+        callbacks=callbacks,
     )
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -264,7 +233,8 @@ def build_trainer(cfg, args, model, tokenizer, disc, data, *, gate, rows, buffer
     handler = trainer.callback_handler
     ours = [c for c in handler.callbacks if isinstance(c, (FaultGuard, CoTrainCallback))]
     handler.callbacks = ours + [c for c in handler.callbacks if c not in ours]
-    heldout_cb.trainer = trainer
     cotrain.accelerator = trainer.accelerator
-    runstate.accelerator = trainer.accelerator
-    return trainer, heldout_cb, cotrain
+    if heldout_cb is not None:
+        heldout_cb.trainer = trainer
+        runstate.accelerator = trainer.accelerator
+    return trainer

@@ -1,7 +1,9 @@
 """Rewards of a simulated user turn, as TRL reward functions (one callable per term, so TRL logs each on its own
 under `rewards/<name>/mean`; their weights go to `GRPOConfig.reward_weights`).
 
-- `disc`: the co-trained discriminator's log-odds that the turn is real, clipped to [-clip, clip];
+- `disc`: from the co-trained discriminator's log-odds z that the turn is real: `disc_reward: logit` gives
+  clip(z, -clip, clip); `log_d` (the non-saturating GAN reward) gives log sigmoid(z), clipped below at -clip: no
+  reward for "more real than real", and a turn the discriminator is sure about still gets a gradient;
 - `length`: -|log(len_sim / len_real)| against the real turn of the same context (capped at 3);
 - `copy`: minus the share of the turn copied from the context (long n-gram overlap);
 - `assistant`: minus the assistant-likeness of the turn ("I'd be happy to help", "As an AI", bullet lists).
@@ -37,15 +39,23 @@ def simulated_records(completions, context, record_id) -> list[TurnRecord]:
     return out
 
 
+def disc_reward(logits: np.ndarray, kind: str, clip: float) -> np.ndarray:
+    """The discriminator term from its log-odds of "real" (B,): `logit` or `log_d` (see the module docstring)."""
+    z = np.asarray(logits, dtype=np.float64)
+    if kind == "log_d":
+        return np.maximum(-np.logaddexp(0.0, -z), -clip)  # log sigmoid(z), stable
+    return np.clip(z, -clip, clip)
+
+
 class DiscriminatorReward:
-    """reward = clip(log-odds that the turn is real), scored in one batch by the current discriminator."""
+    """The discriminator term, scored in one batch by the current discriminator."""
 
     __name__ = "disc"
 
-    def __init__(self, discriminator, buffer, clip: float = 5.0, faults=None):
+    def __init__(self, discriminator, buffer, clip: float = 5.0, faults=None, kind: str = "logit"):
         self.discriminator = discriminator
         self.buffer = buffer
-        self.clip = clip
+        self.clip, self.kind = clip, kind
         self.faults = faults  # FaultCounter or None: non-finite scores are counted, then replaced by 0
 
     def __call__(self, prompts, completions, context, real_turn, record_id, log_metric=None, **kwargs):
@@ -58,7 +68,7 @@ class DiscriminatorReward:
         self.buffer.add(sims, real_turn)
         if log_metric is not None:
             log_metric("disc/p_real_on_sim", float(np.mean(1 / (1 + np.exp(-logits)))))
-        return np.clip(logits, -self.clip, self.clip).tolist()
+        return disc_reward(logits, self.kind, self.clip).tolist()
 
 
 class LengthReward:
@@ -89,10 +99,10 @@ class AssistantReward:
         return [-float(assistant_likeness_score(strip_end_marker(completion_text(c))[0])) for c in completions]
 
 
-def build_rewards(cfg, discriminator, buffer, faults=None) -> tuple[list, list[float]]:
+def build_rewards(cfg, state) -> tuple[list, list[float]]:
     """The reward callables and their weights; terms with weight 0 are left out (nothing to compute)."""
     terms = [
-        (DiscriminatorReward(discriminator, buffer, cfg.reward_clip, faults), cfg.w_disc),
+        (DiscriminatorReward(state.discriminator, state.buffer, cfg.reward_clip, state.faults, cfg.disc_reward), cfg.w_disc),
         (LengthReward(), cfg.w_length),
         (CopyReward(), cfg.w_copy),
         (AssistantReward(), cfg.w_assistant),

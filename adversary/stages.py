@@ -20,22 +20,51 @@ log = logging.getLogger("adversary")
 
 @dataclass
 class RunData:
-    train: list[TurnRecord]  # train split: SFT, discriminator fit, GRPO prompts
-    heldout: list[TurnRecord]  # test split: the fixed held-out contexts of the meter, never trained on
+    """Every sample of real turns a run uses, drawn once in `prepare_data`. The train-split subsets are disjoint."""
+
+    train: list[TurnRecord]  # the whole train split (after the length filter)
+    warmstart: list[TurnRecord]  # SFT warm start turns
+    disc_fit: list[TurnRecord]  # contexts of the discriminator's initial fit; their real turns are its positives
+    grpo: list[TurnRecord]  # contexts of the adversarial phase (GRPO prompts, the rounds' contexts)
+    rest: list[TurnRecord]  # the train turns none of the above uses, in a seeded order (continued SFT draws here)
+    heldout: list[TurnRecord]  # test split: the meter's fixed contexts, never trained on
+    val: list[TurnRecord]  # val split: choices made before the test split is looked at (temperature, plateau)
     fingerprint: str
 
 
-def prepare_data(cfg, seed: int) -> RunData:
-    """Real user turns, split by conversation (no conversation in two splits), with the held-out set fixed by seed."""
+def prepare_data(cfg, seed: int, *, val_contexts: int = 0) -> RunData:
+    """Real user turns, split by conversation (no conversation in two splits). Every subset the run uses is drawn
+    here, with its seed derived in this one block: the train split is shuffled once (seed) and cut into the warm
+    start's turns, the discriminator-fit contexts and the adversarial contexts; the held-out contexts (test split)
+    and the validation contexts (val split) are sampled with their own seeds, so changing a train-side size never
+    moves the meter's contexts."""
+    import random
+
+    from conversations.schema import DataError
+
+    seeds = {"train_order": seed, "heldout": seed, "val": seed + 5}
     kw = dict(max_context_messages=cfg.max_context_messages, max_turn_chars=cfg.max_turn_chars)
     train = [r for r in load_turns(cfg.data, "train", **kw) if r.user_turn.strip()]
     test = [r for r in load_turns(cfg.data, "test", **kw) if r.user_turn.strip()]
-    heldout = sample_records(test, cfg.heldout_contexts, seed=seed)
+    heldout = sample_records(test, cfg.heldout_contexts, seed=seeds["heldout"])
     if len(heldout) < 20:
-        from conversations.schema import DataError
-
         raise DataError(f"only {len(heldout)} held-out turns in the test split; the meter needs at least 20", cfg.data)
-    return RunData(train=train, heldout=heldout, fingerprint=fingerprint(train + heldout))
+    val = []
+    if val_contexts:
+        val = sample_records([r for r in load_turns(cfg.data, "val", **kw) if r.user_turn.strip()], val_contexts,
+                             seed=seeds["val"])
+    order = random.Random(seeds["train_order"]).sample(range(len(train)), len(train))
+    sizes = {"warmstart": cfg.warmstart_steps * cfg.warmstart_batch_size, "disc_fit": cfg.disc_init_items,
+             "grpo": cfg.train_contexts}
+    cut, at = {}, 0
+    for name, n in sizes.items():
+        cut[name] = [train[i] for i in sorted(order[at:at + n])]
+        at += n
+    if at > len(train):
+        raise DataError(f"the train split has {len(train)} turns, fewer than the run draws ({sizes}); lower "
+                        "warmstart_steps, disc_init_items or train_contexts", cfg.data)
+    rest = [train[i] for i in order[at:]]
+    return RunData(train=train, rest=rest, heldout=heldout, val=val, fingerprint=fingerprint(train + heldout), **cut)
 
 
 def base_model_td(cfg, args, data: RunData) -> dict | None:
@@ -53,6 +82,8 @@ def base_model_td(cfg, args, data: RunData) -> dict | None:
     sims = simulate_heldout(model, tok, data.heldout, cfg, precision=cfg.dtype)  # the meter's fixed sampling seed
     del model
     row = measure_heldout(data.heldout, sims, cfg)
+    print(f"base model {cfg.model}: held-out td {row['td/panel']:.1f} (95% CI {row['td/ci_low']:.1f}-"
+          f"{row['td/ci_high']:.1f})", flush=True)
     return {k: v for k, v in row.items() if k.startswith(("td/", "diag/len_ratio", "diag/assistant", "diag/end"))}
 
 
@@ -85,6 +116,7 @@ def warm_start(cfg, args, data: RunData) -> str:
         learning_rate=cfg.warmstart_lr,
         lora_r=cfg.lora_r or 16,
         lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
         max_context_messages=cfg.max_context_messages,
         max_context_tokens=cfg.max_context_tokens,
         max_turn_chars=cfg.max_turn_chars,
@@ -96,8 +128,7 @@ def warm_start(cfg, args, data: RunData) -> str:
         trust_remote_code=args.trust_remote_code,
         dtype=cfg.dtype,
     )
-    n = cfg.warmstart_steps * cfg.warmstart_batch_size
-    metrics = run_sft(sft_args, train_records=sample_records(data.train, n, seed=args.seed), eval_records=[])
+    metrics = run_sft(sft_args, train_records=data.warmstart, eval_records=[])
     if state.is_main_process:
         (out / "COMPLETE").write_text(json.dumps({"merged_dir": metrics["merged_dir"]}))
         print(f"warm start: {metrics['train_steps']} SFT steps, loss {metrics['train_loss']:.3f} "
@@ -110,18 +141,18 @@ def warm_start(cfg, args, data: RunData) -> str:
 
 
 def make_discriminator(cfg, seed: int):
-    from discriminator.neural import NeuralDiscriminator
+    """The co-trained discriminator (`adversary.discriminator.Discriminator`): the neural member on `discriminator`'s
+    backbone and the classical n-gram member, weighted by `disc_weights`."""
+    from adversary.discriminator import Discriminator
+    from discriminator.neural import NeuralDetector
 
-    return NeuralDiscriminator(
-        backbone=cfg.discriminator,
-        max_length=cfg.disc_max_length,
-        context_tokens=cfg.disc_context_tokens,
-        lr=cfg.disc_lr,
-        batch_size=cfg.disc_batch_size,
-        label_smoothing=cfg.label_smoothing,
-        seed=seed,
-        precision=cfg.dtype,
-    )
+    neural = None
+    if cfg.disc_weights[0] > 0:
+        neural = NeuralDetector(backbone=cfg.discriminator, max_length=cfg.disc_max_length,
+                                context_tokens=cfg.disc_context_tokens, lr=cfg.disc_lr, batch_size=cfg.disc_batch_size,
+                                label_smoothing=cfg.label_smoothing, seed=seed, precision=cfg.dtype)
+    return Discriminator(neural, classical=cfg.disc_weights[1] > 0, weights=tuple(cfg.disc_weights),
+                         pool_size=cfg.disc_pool_size, seed=seed)
 
 
 def fit_discriminator(cfg, disc, model, tokenizer, data: RunData, seed: int) -> dict:
@@ -132,7 +163,7 @@ def fit_discriminator(cfg, disc, model, tokenizer, data: RunData, seed: int) -> 
     from generator.sample import simulate_records
 
     t0 = time.perf_counter()
-    contexts = sample_records(data.train, cfg.disc_init_items, seed=seed + 1)
+    contexts = data.disc_fit
     engine = Engine(inference_copy(model, cfg.dtype), tokenizer, batch_size=cfg.sim_batch_size, precision=cfg.dtype)
     sims = simulate_records(engine, contexts, heldout_settings(cfg), seed=seed + 2)
     del engine
@@ -140,13 +171,131 @@ def fit_discriminator(cfg, disc, model, tokenizer, data: RunData, seed: int) -> 
     items = list(contexts) + sims
     labels = np.asarray([1] * len(contexts) + [0] * len(sims))
     disc.fit(items, labels, epochs=cfg.disc_epochs)
-    scores = np.asarray(disc.score(items))
-    acc = float(np.mean((scores > 0).astype(int) == labels))
-    return {"disc/init_items": len(items), "disc/init_train_acc": acc, "disc/init_seconds": time.perf_counter() - t0,
-            "init_simulated": sims}
+    from sklearn.metrics import accuracy_score
+
+    acc = float(accuracy_score(labels, (disc.score(items) > 0).astype(int)))
+    fit = {"disc/init_items": len(items), "disc/init_train_acc": acc, "disc/init_seconds": time.perf_counter() - t0}
+    from accelerate import PartialState
+
+    PartialState().print(f"discriminator: initial fit on {len(items)} turns, train acc {acc:.3f} "
+                         f"({fit['disc/init_seconds']:.0f}s)", flush=True)
+    return fit
+
+
+# ------------------------------------------------------------------------------------------ 3-5. adversarial phase
+
+
+def adversarial_phase(cfg, args, model, tokenizer, state, data, meter, resume) -> None:
+    """The phase the gate watches: TRL GRPO with the co-training callbacks (`objective: grpo`), or the DPO rounds
+    (`adversary.rounds`). A resumed run whose gate had already frozen goes straight to the export."""
+    from accelerate import PartialState
+
+    ps = PartialState()
+    if cfg.objective == "dpo_rounds":
+        from adversary.rounds import run_rounds
+
+        if resume is not None:
+            ps.print(f"resuming from {resume}")
+        run_rounds(cfg, args, model, tokenizer, state, data, meter, resume=resume)
+        return
+    from adversary.loop import build_trainer
+
+    if resume is not None:
+        state.load(resume)
+        ps.print(f"resuming from {resume} (step {state.step}, {len(state.rows)} evaluations)")
+    trainer = build_trainer(cfg, args, model, tokenizer, state, data, meter=meter, time_budget=cfg.phase_seconds)
+    if resume is not None and state.gate.stopped:
+        # the gate froze the generator before this checkpoint was written (or its step budget is spent): training
+        # again would run one more step past the freeze
+        ps.print(f"the gate already froze the generator ({state.gate.reason}): exporting")
+    else:
+        trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+
+
+def check_ranks_identical(disc, ps) -> None:
+    """Under several processes, the sha256 of every rank's discriminator weights is gathered to the main process,
+    which says whether they agree (the co-training keeps them identical by broadcasting after each update)."""
+    if ps.num_processes == 1 or disc.model is None:
+        return
+    import hashlib
+
+    from accelerate.utils import gather_object
+
+    h = hashlib.sha256()
+    for k, v in sorted(disc.model.state_dict().items()):
+        h.update(k.encode())
+        h.update(v.detach().cpu().contiguous().numpy().tobytes())
+    digests = set(gather_object([h.hexdigest()]))
+    ps.print(f"discriminator identical on {ps.num_processes} ranks: {'yes' if len(digests) == 1 else 'NO'}")
+
+
+def check_faults(cfg, state) -> None:
+    if state.faults.exceeded():
+        from conversations.schema import DataError
+
+        raise DataError(f"stopped: {state.faults.total} numerical faults (non-finite rewards, losses or gradients: "
+                        f"{state.faults.counts}) exceed max_faults={cfg.max_faults}; lower the learning rate or reward_clip")
 
 
 # ------------------------------------------------------------------------------------------------------- 6. export
+
+
+def write_config(cfg, args, out: Path) -> dict:
+    """The resolved config, saved at the start of the run (and again in every checkpoint's state and the export)."""
+    from accelerate import PartialState
+
+    from conversations.config import to_jsonable
+
+    resolved = {"adversary": to_jsonable(cfg), "grpo": to_jsonable(args)}
+    if PartialState().is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(resolved, indent=2, sort_keys=True))
+    return resolved
+
+
+def manifest(cfg, args, data: RunData, state, start_model: str, base: dict | None) -> dict:
+    """What the export records: provenance, the td curve and the best reading, the gate, and the sampling settings
+    the simulator was measured with (its users default to them)."""
+    import torch
+
+    from adversary.heldout import heldout_settings
+    from conversations.config import to_jsonable
+    from generator.prompts import PROMPT_FORMAT_VERSION
+
+    best, gate = state.gate.best, state.gate
+    return {
+        "base_model": cfg.model, "warm_start": start_model, "data": cfg.data, "data_fingerprint": data.fingerprint,
+        "config": {"adversary": to_jsonable(cfg), "grpo": to_jsonable(args)}, "td_curve": state.rows,
+        "best": {"step": best.step, "td": best.td, "td_ci95": [best.ci_low, best.ci_high]},
+        "gate": {"reason": gate.reason, "description": gate.describe()}, "base_model_td": base,
+        "prompt_format_version": PROMPT_FORMAT_VERSION, "sampling": heldout_settings(cfg).to_dict(),
+        "precision": cfg.dtype, "objective": cfg.objective, "torch": torch.__version__,
+    }
+
+
+def write_summary(out: Path, state, base: dict | None, frozen: Path, t_start: float) -> None:
+    import resource
+
+    from accelerate import PartialState
+
+    if not PartialState().is_main_process:
+        return
+    best, gate = state.gate.best, state.gate
+    wall = time.time() - t_start
+    summary = {
+        "start_td": round(state.rows[0]["td/panel"], 2), "best_td": round(best.td, 2),
+        "best_td_ci95": [round(best.ci_low, 2), round(best.ci_high, 2)], "best_step": best.step,
+        "gate": gate.reason, "export": str(frozen), "wall_seconds": round(wall, 1),
+        "meter_share": round(state.meter_seconds / wall, 3),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+    if base:
+        summary["base_model_td"] = round(base["td/panel"], 2)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(f"done: {'base td ' + str(summary['base_model_td']) + ', ' if base else ''}td {summary['start_td']} -> "
+          f"best {summary['best_td']} (95% CI {summary['best_td_ci95'][0]}-{summary['best_td_ci95'][1]}) at step "
+          f"{best.step}; gate: {gate.reason}; exported {frozen}; {wall / 60:.1f} min", flush=True)
+
 
 
 def export_best(cfg, args, best_dir: Path, manifest: dict) -> Path:

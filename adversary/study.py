@@ -2,17 +2,23 @@
 
     python -m adversary.study --config configs/study.yaml --out DIR
 
-From one shared warm-started checkpoint, with the same seeds, data order and number of generator updates:
-- arm `adversarial`: the main job's adversarial phase as configured (discriminator reward + realism terms);
-- arm `sft`: the same number of generator steps of plain SFT on real user turns, same LoRA, same learning-rate
-  schedule (and the same number of sequences per step as GRPO has prompts x generations);
-- arm `adversarial_plain` (optional): adversarial with the realism terms switched off;
-- the shared warm start itself is scored too, as the reference point.
-Each arm's final generator writes one turn per held-out context (test split, never used by any arm); the full
-detector panel scores every arm on the same contexts; TD differences between arms get a paired bootstrap CI
-(contexts resampled jointly, the panel maximum recomputed on each resample).
+1. **The warm start, run to its SFT plateau** (cached in DIR/warmstart, shared by every arm): SFT on real user turns
+   for up to `plateau_steps`, with the held-out td (on validation contexts: the test split is never used for a
+   choice) and the perplexity of validation user turns read every `plateau_eval_every` steps; DIR/plateau.json and
+   the curve in DIR/study.png show the knee.
+2. **The arms, each given the same wall time** (`arm_seconds`, on the same machine, one after the other; the steps
+   each got are reported): `sft` continues SFT on fresh real turns; any other arm runs the adversarial phase of the
+   main job (its discriminator's initial fit included in its time) with the config's settings changed by the arm's
+   spec, `LABEL:key=value,key=value` (e.g. `dpo_real:objective=dpo_rounds,round_chosen=real`).
+3. **Each arm's sampling temperature is chosen on validation contexts** (`temperatures`, by the fast panel's td),
+   so that no arm wins by only learning a temperature.
+4. **Scoring**: each arm's final generator writes one turn for each of `study_contexts` held-out contexts (test
+   split) at its temperature; the detector panel (`study_detectors`) scores every arm on the same contexts; td
+   differences between arms get a paired bootstrap CI (contexts resampled jointly, the panel maximum recomputed on
+   each resample); realism diagnostics per arm.
 
-Writes DIR/study.json, DIR/arms/<arm>.jsonl, DIR/real.jsonl, DIR/study.png.
+Writes DIR/study.json, DIR/plateau.json, DIR/arms/<arm>.jsonl (each arm's simulated test turns), DIR/real.jsonl and
+DIR/study.png.
 """
 
 from __future__ import annotations
@@ -32,27 +38,53 @@ if __package__ in (None, ""):
 from conversations.cli_util import friendly_errors
 from conversations.config import ConfigError
 
-ARMS = ("adversarial", "sft", "adversarial_plain")
-
 
 @dataclass
 class StudyConfig:
-    arms: list[str] = field(default_factory=lambda: ["adversarial", "sft", "adversarial_plain"], metadata={
-        "help": "Arms to run: adversarial, sft, adversarial_plain (adversarial without the realism terms)."})
-    study_contexts: int = field(default=600, metadata={"help": "Held-out contexts scored per arm (one turn each)."})
+    arms: list[str] = field(default_factory=lambda: ["sft", "grpo", "dpo:objective=dpo_rounds"], metadata={
+        "help": "Arms: sft (continued SFT), or LABEL[:key=value,...] (the adversarial phase with those config keys "
+                "changed; e.g. dpo_real:objective=dpo_rounds,round_chosen=real)."})
+    arm_seconds: float = field(default=600.0, metadata={"help": "Wall time of each arm's training, in seconds."})
+    study_contexts: int = field(default=600, metadata={"help": "Held-out (test) contexts scored per arm."})
+    val_contexts: int = field(default=300, metadata={"help": "Validation contexts for the temperature and the plateau curve."})
+    temperatures: list[float] = field(default_factory=lambda: [0.8, 0.9, 1.0], metadata={
+        "help": "Sampling temperatures each arm chooses from on the validation contexts."})
     study_detectors: list[str] = field(default_factory=lambda: ["classical", "style", "neural"], metadata={
         "help": "The detector panel of the final scoring."})
     study_folds: int = field(default=5, metadata={"help": "Cross-fitting folds of the final scoring."})
     n_boot: int = field(default=1000, metadata={"help": "Bootstrap resamples for CIs and paired differences."})
-    score_warmstart: bool = field(default=True, metadata={
-        "help": "Also score the shared warm start (the arms' starting point); costs one more arm's scoring."})
+    plateau_steps: int = field(default=0, metadata={
+        "help": "SFT steps of the shared warm start (0: warmstart_steps, no curve)."})
+    plateau_eval_every: int = field(default=50, metadata={"help": "Steps between two readings of the plateau curve."})
+    score_warmstart: bool = field(default=True, metadata={"help": "Also score the shared warm start as an arm."})
 
     def __post_init__(self):
-        bad = [a for a in self.arms if a not in ARMS]
-        if bad or not self.arms:
-            raise ConfigError(f"arms: unknown {bad} (choose from {', '.join(ARMS)})")
-        if self.study_contexts < 20:
-            raise ConfigError("study_contexts must be >= 20")
+        if not self.arms:
+            raise ConfigError("arms: give at least one arm")
+        for a in self.arms:
+            parse_arm(a)
+        if self.study_contexts < 20 or self.val_contexts < 20:
+            raise ConfigError("study_contexts and val_contexts must be >= 20")
+        if self.arm_seconds <= 0:
+            raise ConfigError("arm_seconds must be > 0")
+        if not self.temperatures or min(self.temperatures) <= 0:
+            raise ConfigError("temperatures must be a non-empty list of values > 0")
+        if self.plateau_steps < 0 or self.plateau_eval_every < 1:
+            raise ConfigError("plateau_steps must be >= 0 and plateau_eval_every >= 1")
+
+
+def parse_arm(spec: str) -> tuple[str, dict[str, str]]:
+    """'LABEL:key=value,key=value' -> (LABEL, {key: value})."""
+    label, _, rest = spec.partition(":")
+    overrides = {}
+    for kv in filter(None, rest.split(",")):
+        k, eq, v = kv.partition("=")
+        if not eq or not k:
+            raise ConfigError(f"arms: '{spec}': each override is key=value")
+        overrides[k.strip()] = v.strip()
+    if not label:
+        raise ConfigError(f"arms: '{spec}' has no label")
+    return label, overrides
 
 
 def parse(argv):
@@ -62,75 +94,181 @@ def parse(argv):
     return parse_job((StudyConfig,), argv, prog="python -m adversary.study")
 
 
+def arm_config(cfg, args, overrides: dict[str, str]):
+    """Copies of (cfg, args) with an arm's overrides, each parsed as its field's type."""
+    import dataclasses
+    import typing
+
+    cfg, args = copy.deepcopy(cfg), copy.deepcopy(args)
+    for k, v in overrides.items():
+        target = cfg if k in {f.name for f in dataclasses.fields(cfg)} else args if hasattr(args, k) else None
+        if target is None:
+            raise ConfigError(f"arms: unknown key '{k}'")
+        tp = typing.get_type_hints(type(target)).get(k) or type(getattr(target, k))
+        args_ = [a for a in typing.get_args(tp) if a is not type(None)]
+        tp = args_[0] if args_ and typing.get_origin(tp) is not list else tp
+        cast = {int: int, float: float, bool: lambda x: x.lower() in ("1", "true", "yes")}.get(tp, str)
+        try:
+            setattr(target, k, cast(v))
+        except ValueError:
+            raise ConfigError(f"arms: '{k}={v}' is not a valid {getattr(tp, '__name__', tp)}") from None
+    cfg.__post_init__()  # the overrides are checked like any config value
+    return cfg, args
+
+
+# ------------------------------------------------------------------------------------------------ the warm start
+
+
+def plateau_warm_start(cfg, args, study, data, out: Path) -> tuple[str, list[dict]]:
+    """SFT to the plateau, cached in OUT/warmstart: (merged model dir, curve rows)."""
+    from transformers import TrainerCallback
+
+    from adversary.heldout import heldout_settings, simulate_heldout
+    from discriminator.turing import measure_td
+    from generator.engine import inference_copy
+    from generator.sft import SFTArgs, heldout_perplexity, run_sft
+
+    wdir = out / "warmstart"
+    if (wdir / "COMPLETE").exists():
+        doc = json.loads((wdir / "COMPLETE").read_text())
+        return doc["merged_dir"], doc["curve"]
+    steps = study.plateau_steps or cfg.warmstart_steps
+    curve: list[dict] = []
+    ppl_kw = dict(max_context_tokens=cfg.max_context_tokens, max_length=cfg.warmstart_max_length)
+    ppl_items = data.val[:128]
+
+    def read(model, tok, step: int, seconds: float):
+        t0 = time.time()
+        frozen = inference_copy(model, cfg.dtype)
+        sims = simulate_heldout(frozen, tok, data.val, cfg, precision=cfg.dtype, settings=heldout_settings(cfg))
+        rep = measure_td(data.val, sims, detectors=("classical", "style"), folds=cfg.heldout_folds, seed=args.seed,
+                         n_boot=200)
+        ppl = heldout_perplexity(model, tok, ppl_items, **ppl_kw)
+        row = {"step": step, "td": rep["td"], "td_ci95": rep["td_ci95"], "val_ppl": ppl, "train_seconds": seconds,
+               "truncated_rate": float(np.mean([s.meta["truncated"] for s in sims])),
+               "end_rate": float(np.mean([s.meta["ended"] for s in sims])), "eval_seconds": time.time() - t0}
+        curve.append(row)
+        print(f"[plateau] step {step}: td {row['td']:.1f} ({row['td_ci95'][0]:.1f}-{row['td_ci95'][1]:.1f}), val ppl "
+              f"{ppl:.1f}, truncated {row['truncated_rate']:.2f}, ends {row['end_rate']:.2f}", flush=True)
+
+    class Curve(TrainerCallback):
+        def __init__(self):
+            self.trained = 0.0
+            self.t0 = None
+
+        def on_step_begin(self, a, s, c, **k):
+            self.t0 = time.time()
+
+        def on_step_end(self, a, s, c, model=None, processing_class=None, **k):
+            self.trained += time.time() - self.t0
+            if s.global_step % study.plateau_eval_every == 0 or s.global_step == s.max_steps:
+                read(model, processing_class, s.global_step, self.trained)
+
+    sft_args = SFTArgs(
+        model=cfg.model, output_dir=str(wdir), max_steps=steps, per_device_train_batch_size=cfg.warmstart_micro_batch,
+        gradient_accumulation_steps=cfg.warmstart_batch_size // cfg.warmstart_micro_batch,
+        learning_rate=cfg.warmstart_lr, lr_scheduler_type="constant", warmup_ratio=0.0, lora_r=cfg.lora_r or 16,
+        lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout, max_context_messages=cfg.max_context_messages,
+        max_context_tokens=cfg.max_context_tokens, max_turn_chars=cfg.max_turn_chars,
+        max_length=cfg.warmstart_max_length, seed=args.seed, eval_turns=0, save_adapter=False, save_merged=True,
+        trust_remote_code=args.trust_remote_code, dtype=cfg.dtype, logging_steps=max(1, study.plateau_eval_every),
+    )
+    turns = data.warmstart + data.rest[: max(0, steps * cfg.warmstart_batch_size - len(data.warmstart))]
+    cb = Curve() if study.plateau_steps else None
+    m = run_sft(sft_args, train_records=turns, eval_records=[], callbacks=[cb] if cb else None)
+    wdir.mkdir(parents=True, exist_ok=True)
+    (wdir / "COMPLETE").write_text(json.dumps({"merged_dir": m["merged_dir"], "curve": curve,
+                                               "train_runtime_s": m["train_runtime_s"], "turns": len(turns)}))
+    return m["merged_dir"], curve
+
+
 # ------------------------------------------------------------------------------------------------------------- arms
 
 
-def run_adversarial_arm(cfg, args, data, start_model: str, out: Path) -> dict:
-    from adversary.cotrain import FaultCounter, ReplayBuffer
-    from adversary.gate import PlateauGate
-    from adversary.loop import build_trainer
-    from adversary.stages import fit_discriminator, make_discriminator
-    from generator.model import load_generator
-
-    t0 = time.time()
-    model, tok = load_generator(start_model, trust_remote_code=args.trust_remote_code)
-    disc = make_discriminator(cfg, args.seed)
-    fit_discriminator(cfg, disc, model, tok, data, args.seed)
-    trainer, _, cotrain = build_trainer(cfg, args, model, tok, disc, data, gate=PlateauGate(), rows=[],
-                                        buffer=ReplayBuffer(cfg.replay_size, seed=args.seed),
-                                        faults=FaultCounter(cfg.max_faults), heldout=False)
-    trainer.train()
-    trainer.save_model(str(out / "model"))
-    # the co-training metrics are not in log_history (callbacks add them to the logs after it is written): take the
-    # discriminator's accuracy from the co-training history, the latest round at or before each logged step
-    rounds = [(h["step"], h["disc/acc"]) for h in cotrain.history]
-
-    def disc_acc(step):
-        before = [a for s, a in rounds if s <= step and a == a]
-        return before[-1] if before else None
-
-    curve = [{"step": h["step"], "reward": h.get("reward"), "disc_acc": disc_acc(h["step"]), "kl": h.get("kl")}
-             for h in trainer.state.log_history if "reward" in h]
-    return {"steps": trainer.state.global_step, "wall_seconds": time.time() - t0, "model_dir": str(out / "model"),
-            "curve": curve}
-
-
-def run_sft_arm(cfg, args, data, start_model: str, out: Path) -> dict:
-    from generator.data import sample_records
+def run_sft_arm(cfg, args, study, data, start_model: str, out: Path) -> dict:
+    from adversary.loop import TimeBudget
     from generator.sft import SFTArgs, run_sft
 
     t0 = time.time()
-    # same number of updates, same LoRA and schedule, and as many sequences per step as GRPO scores per step
-    per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
     sft_args = SFTArgs(
-        model=start_model, output_dir=str(out), max_steps=args.max_steps,
-        per_device_train_batch_size=min(per_step, cfg.warmstart_micro_batch),
-        gradient_accumulation_steps=max(1, per_step // min(per_step, cfg.warmstart_micro_batch)),
-        learning_rate=args.learning_rate, lr_scheduler_type=str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)),
-        warmup_ratio=0.0, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-        max_context_messages=cfg.max_context_messages, max_context_tokens=cfg.max_context_tokens,
-        max_turn_chars=cfg.max_turn_chars, max_length=cfg.warmstart_max_length, seed=args.seed + 7,
-        eval_turns=0, save_adapter=False, save_merged=True, trust_remote_code=args.trust_remote_code,
-        dtype=cfg.dtype,
+        model=start_model, output_dir=str(out), max_steps=100_000,
+        per_device_train_batch_size=cfg.warmstart_micro_batch,
+        gradient_accumulation_steps=cfg.warmstart_batch_size // cfg.warmstart_micro_batch,
+        learning_rate=cfg.warmstart_lr, lr_scheduler_type="constant", warmup_ratio=0.0, lora_r=cfg.lora_r or 16,
+        lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout, max_context_messages=cfg.max_context_messages,
+        max_context_tokens=cfg.max_context_tokens, max_turn_chars=cfg.max_turn_chars,
+        max_length=cfg.warmstart_max_length, seed=args.seed + 7, eval_turns=0, save_adapter=False, save_merged=True,
+        trust_remote_code=args.trust_remote_code, dtype=cfg.dtype,
     )
-    n = args.max_steps * per_step
-    # fresh turns, not the warm start's: the warm start drew with seed `args.seed`
-    m = run_sft(sft_args, train_records=sample_records(data.train, n, seed=args.seed + 7), eval_records=[])
+    # fresh turns, never the warm start's: the end of the rest of the train split, in its seeded order; enough for a
+    # step a second (building each example costs ~3 ms, inside the arm's time)
+    n = min(len(data.rest) // 2, int(study.arm_seconds) * cfg.warmstart_batch_size + cfg.warmstart_batch_size)
+    m = run_sft(sft_args, train_records=data.rest[-n:], eval_records=[],
+                callbacks=[TimeBudget(study.arm_seconds, start=t0)])
     curve = [{"step": h["step"], "loss": h["loss"]} for h in m["loss_history"]]
     return {"steps": m["train_steps"], "wall_seconds": time.time() - t0, "model_dir": m["merged_dir"], "curve": curve}
+
+
+def run_adversarial_arm(cfg, args, study, data, start_model: str, out: Path) -> dict:
+    from adversary.loop import build_trainer
+    from adversary.rounds import run_rounds
+    from adversary.stages import fit_discriminator, make_discriminator
+    from adversary.state import AdversaryState
+    from generator.model import load_generator
+
+    t0 = time.time()
+    cfg.phase_seconds = study.arm_seconds
+    args.max_steps = 100_000  # the time budget ends the arm
+    model, tok = load_generator(start_model, trust_remote_code=args.trust_remote_code)
+    state = AdversaryState(cfg, make_discriminator(cfg, args.seed), max_steps=None, seed=args.seed)
+    fit_discriminator(cfg, state.discriminator, model, tok, data, args.seed)
+    if cfg.objective == "dpo_rounds":
+        res = run_rounds(cfg, args, model, tok, state, data, meter=None, start_time=t0)
+        res["model"].save_pretrained(str(out / "model"))
+        tok.save_pretrained(str(out / "model"))
+        steps, curve = res["steps"], res["figures"]
+    else:
+        from adversary.loop import TimeBudget
+
+        trainer = build_trainer(cfg, args, model, tok, state, data)
+        trainer.add_callback(TimeBudget(study.arm_seconds, start=t0))
+        trainer.train()
+        trainer.save_model(str(out / "model"))
+        rounds = [(h["step"], h["disc/acc"]) for h in state.cotrain_history]
+
+        def disc_acc(step):
+            before = [a for s, a in rounds if s <= step and a == a]
+            return before[-1] if before else None
+
+        steps = trainer.state.global_step
+        curve = [{"step": h["step"], "reward": h.get("reward"), "disc_acc": disc_acc(h["step"]), "kl": h.get("kl")}
+                 for h in trainer.state.log_history if "reward" in h]
+    return {"steps": steps, "wall_seconds": time.time() - t0, "model_dir": str(out / "model"), "curve": curve,
+            "cotrain": state.cotrain_history}
 
 
 # --------------------------------------------------------------------------------------------------------- scoring
 
 
-def simulate_arm(model_dir: str, data, cfg, args):
-    from adversary.heldout import simulate_heldout
+def load_arm(model_dir: str, cfg, args):
+    from conversations.precision import inference_dtype
     from generator.model import load_generator
 
-    from conversations.precision import inference_dtype
+    return load_generator(model_dir, trust_remote_code=args.trust_remote_code, dtype=inference_dtype(cfg.dtype))
 
-    model, tok = load_generator(model_dir, trust_remote_code=args.trust_remote_code, dtype=inference_dtype(cfg.dtype))
-    return simulate_heldout(model, tok, data.heldout, cfg, precision=cfg.dtype)
+
+def choose_temperature(model, tok, cfg, study, data, seed: int) -> tuple[float, dict]:
+    """The temperature with the lowest fast-panel td on the validation contexts (ties: the one nearest 1)."""
+    from adversary.heldout import heldout_settings, simulate_heldout
+    from discriminator.turing import measure_td
+
+    tds = {}
+    for t in study.temperatures:
+        sims = simulate_heldout(model, tok, data.val, cfg, precision=cfg.dtype, settings=heldout_settings(cfg, t))
+        tds[t] = measure_td(data.val, sims, detectors=("classical", "style"), folds=study.study_folds, seed=seed,
+                            n_boot=200)["td"]
+    best = min(tds, key=lambda t: (round(tds[t], 6), abs(t - 1.0)))
+    return best, tds
 
 
 def _panel_td(correct: np.ndarray, weights: np.ndarray) -> float:
@@ -140,7 +278,7 @@ def _panel_td(correct: np.ndarray, weights: np.ndarray) -> float:
 
 
 def paired_differences(reports: dict, real_ids: list[str], n_boot: int, seed: int) -> dict:
-    """td(arm) - td(other) with a 95% CI from resampling held-out contexts jointly across arms."""
+    """td(arm) - td(other) for every pair of arms, with a 95% CI from resampling held-out contexts jointly."""
     ctx_index = {rid: i for i, rid in enumerate(real_ids)}
     correct, ctx = {}, {}
     for arm, rep in reports.items():
@@ -152,10 +290,9 @@ def paired_differences(reports: dict, real_ids: list[str], n_boot: int, seed: in
     n_ctx = len(real_ids)
     counts = [np.bincount(rng.integers(0, n_ctx, n_ctx), minlength=n_ctx) for _ in range(n_boot)]  # [B][n_ctx]
     out = {}
-    wanted = [("adversarial", "sft"), ("adversarial_plain", "sft"), ("adversarial", "adversarial_plain")]
-    wanted += [(a, "warmstart") for a in reports if a != "warmstart"]
-    for a, b in wanted:
-        if a in reports and b in reports:
+    names = list(reports)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
             diffs = []
             for c in counts:
                 # items of a context not in the held-out list (index -1) keep weight 1
@@ -176,23 +313,30 @@ def plot_study(study: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     arms = list(study["arms"])
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4), dpi=120)
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12, 4.2), dpi=120)
+    plateau = study.get("plateau") or []
+    if plateau:
+        steps = [r["step"] for r in plateau]
+        ax0.plot(steps, [r["td"] for r in plateau], "-o", color="C0", label="held-out td (validation contexts)")
+        ax0.fill_between(steps, [r["td_ci95"][0] for r in plateau], [r["td_ci95"][1] for r in plateau], alpha=0.2)
+        ax0.set_xlabel("SFT step")
+        ax0.set_ylabel("td")
+        ax0b = ax0.twinx()
+        ax0b.plot(steps, [r["val_ppl"] for r in plateau], "--s", color="C1", label="validation perplexity")
+        ax0b.set_ylabel("perplexity")
+        ax0.set_title("warm start: SFT to its plateau")
+        ax0.legend(loc="upper right", fontsize=8)
+        ax0b.legend(loc="center right", fontsize=8)
     tds = [study["arms"][a]["td"] for a in arms]
     lo = [study["arms"][a]["td"] - study["arms"][a]["td_ci95"][0] for a in arms]
     hi = [study["arms"][a]["td_ci95"][1] - study["arms"][a]["td"] for a in arms]
     ax1.bar(arms, tds, yerr=[lo, hi], capsize=6, color=[f"C{i}" for i in range(len(arms))])
-    ax1.set_ylabel("held-out td (panel max), 95% CI")
-    ax1.set_title(f"{study['n_contexts']} held-out contexts per arm")
     for i, a in enumerate(arms):
-        curve = study["arms"][a].get("curve") or []
-        if not curve:
-            continue
-        key = "reward" if "reward" in curve[0] else "loss"
-        ax2.plot([c["step"] for c in curve], [c[key] for c in curve], label=f"{a} ({key})", color=f"C{i}")
-    ax2.set_xlabel("generator step")
-    ax2.set_title("training curves")
-    ax2.legend(fontsize=8)
-    ax2.grid(alpha=0.3)
+        ax1.text(i, 0.5, f"T={study['arms'][a]['temperature']}\n{study['arms'][a]['steps']} steps", ha="center",
+                 fontsize=7, color="white")
+    ax1.set_ylabel("held-out td (panel max), 95% CI")
+    ax1.set_title(f"{study['n_contexts']} test contexts per arm, {study['arm_seconds']:.0f}s of training each")
+    ax1.tick_params(axis="x", labelsize=7, rotation=15)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -200,12 +344,12 @@ def plot_study(study: dict, path: Path) -> None:
 
 @friendly_errors
 def main(argv=None) -> int:
-    from adversary.stages import prepare_data, warm_start
+    from adversary.stages import prepare_data
     from adversary.train import quiet_libraries
     from conversations.config import to_jsonable
     from conversations.loaders import write_jsonl
     from discriminator.turing import measure_td
-    from generator.diagnostics import realism_diagnostics
+    from generator.diagnostics import jsonable, realism_diagnostics
 
     cfg, args, study = parse(argv)
     quiet_libraries()
@@ -213,52 +357,60 @@ def main(argv=None) -> int:
     out = Path(args.output_dir)
     (out / "arms").mkdir(parents=True, exist_ok=True)
     cfg.heldout_contexts = study.study_contexts
+    if study.plateau_steps:
+        cfg.warmstart_steps = study.plateau_steps  # the warm start's turns are drawn for the whole plateau run
     args.save_strategy = "no"
-    data = prepare_data(cfg, args.seed)
-    print(f"study: {len(data.heldout)} held-out contexts, arms {study.arms}, {args.max_steps} generator steps each", flush=True)
+    arms = [parse_arm(a) for a in study.arms]
+    for _, overrides in arms:  # every arm's keys checked now, not after the warm start
+        arm_config(cfg, args, overrides)
+    data = prepare_data(cfg, args.seed, val_contexts=study.val_contexts)
+    print(f"study: {len(data.heldout)} test contexts, {len(data.val)} validation contexts, arms "
+          f"{[a for a, _ in arms]}, {study.arm_seconds:.0f}s each", flush=True)
 
-    start_model = warm_start(cfg, args, data)
+    start_model, plateau = plateau_warm_start(cfg, args, study, data, out)
+    (out / "plateau.json").write_text(json.dumps(plateau, indent=2))
     results = {}
     if study.score_warmstart:
-        results["warmstart"] = {"steps": cfg.warmstart_steps, "model_dir": start_model, "wall_seconds": 0.0, "curve": []}
-    for arm in study.arms:
-        arm_out = out / "runs" / arm
-        arm_args = copy.deepcopy(args)
+        results["warmstart"] = {"steps": 0, "model_dir": start_model, "wall_seconds": 0.0, "curve": []}
+    for label, overrides in arms:
+        arm_cfg, arm_args = arm_config(cfg, args, overrides)
+        arm_out = out / "runs" / label
         arm_args.output_dir = str(arm_out)
-        print(f"arm {arm}: training", flush=True)
-        if arm == "sft":
-            results[arm] = run_sft_arm(cfg, arm_args, data, start_model, arm_out)
-        else:
-            arm_cfg = copy.deepcopy(cfg)
-            if arm == "adversarial_plain":
-                arm_cfg.w_length = arm_cfg.w_copy = arm_cfg.w_assistant = 0.0
-            results[arm] = run_adversarial_arm(arm_cfg, arm_args, data, start_model, arm_out)
-        print(f"arm {arm}: {results[arm]['steps']} steps in {results[arm]['wall_seconds']:.0f}s", flush=True)
+        print(f"arm {label}: training for {study.arm_seconds:.0f}s", flush=True)
+        run = run_sft_arm if label.startswith("sft") else run_adversarial_arm
+        results[label] = run(arm_cfg, arm_args, study, data, start_model, arm_out)
+        results[label]["overrides"] = overrides
+        print(f"arm {label}: {results[label]['steps']} steps in {results[label]['wall_seconds']:.0f}s", flush=True)
 
     write_jsonl(out / "real.jsonl", data.heldout)
     reports, summary = {}, {}
+    from adversary.heldout import heldout_settings, simulate_heldout
+
     for arm, res in results.items():
         t0 = time.time()
-        sims = simulate_arm(res["model_dir"], data, cfg, args)
+        model, tok = load_arm(res["model_dir"], cfg, args)
+        temp, val_tds = choose_temperature(model, tok, cfg, study, data, args.seed)
+        sims = simulate_heldout(model, tok, data.heldout, cfg, precision=cfg.dtype, settings=heldout_settings(cfg, temp))
+        del model
         write_jsonl(out / "arms" / f"{arm}.jsonl", sims)
         rep = measure_td(data.heldout, sims, detectors=tuple(study.study_detectors), folds=study.study_folds,
                          seed=args.seed, n_boot=study.n_boot, return_scores=True)
         reports[arm] = rep
         summary[arm] = {
-            "td": rep["td"], "td_ci95": rep["td_ci95"], "signed": rep["signed"],
-            "auc": rep["auc"], "paired_accuracy": rep["paired_accuracy"], "headline_detector": rep["headline_detector"],
-            "detectors": {k: {kk: v[kk] for kk in ("td", "td_ci95", "auc")}
-                          for k, v in rep["detectors"].items()},
-            "diagnostics": realism_diagnostics(sims, data.heldout),
-            "steps": res["steps"], "train_wall_seconds": round(res["wall_seconds"], 1),
-            "score_wall_seconds": round(time.time() - t0, 1), "curve": res["curve"],
+            "td": rep["td"], "td_ci95": rep["td_ci95"], "signed": rep["signed"], "auc": rep["auc"],
+            "paired_accuracy": rep["paired_accuracy"], "headline_detector": rep["headline_detector"],
+            "detectors": {k: {kk: v[kk] for kk in ("td", "td_ci95", "auc")} for k, v in rep["detectors"].items()},
+            "temperature": temp, "val_td_by_temperature": val_tds,
+            "diagnostics": jsonable(realism_diagnostics(sims, data.heldout)), "steps": res["steps"],
+            "train_wall_seconds": round(res["wall_seconds"], 1), "score_wall_seconds": round(time.time() - t0, 1),
+            "overrides": res.get("overrides", {}), "curve": res["curve"], "cotrain": res.get("cotrain", []),
         }
-        print(f"arm {arm}: td {rep['td']:.1f} (95% CI {rep['td_ci95'][0]:.1f}-"
-              f"{rep['td_ci95'][1]:.1f}), headline {rep['headline_detector']}", flush=True)
+        print(f"arm {arm}: td {rep['td']:.1f} (95% CI {rep['td_ci95'][0]:.1f}-{rep['td_ci95'][1]:.1f}) at T={temp}, "
+              f"headline {rep['headline_detector']}", flush=True)
     diffs = paired_differences(reports, [r.id for r in data.heldout], study.n_boot, args.seed)
-    doc = {"n_contexts": len(data.heldout), "arms": summary, "differences": diffs,
-           "wall_seconds": round(time.time() - t_start, 1), "config": {"adversary": to_jsonable(cfg),
-           "grpo": to_jsonable(args), "study": to_jsonable(study)}}
+    doc = {"n_contexts": len(data.heldout), "n_val_contexts": len(data.val), "arm_seconds": study.arm_seconds,
+           "arms": summary, "differences": diffs, "plateau": plateau, "wall_seconds": round(time.time() - t_start, 1),
+           "config": {"adversary": to_jsonable(cfg), "grpo": to_jsonable(args), "study": to_jsonable(study)}}
     (out / "study.json").write_text(json.dumps(doc, indent=2, default=float))
     plot_study(doc, out / "study.png")
     for k, d in diffs.items():

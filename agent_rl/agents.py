@@ -183,6 +183,24 @@ class PolicyAgent:
         return self.seqs.pop(uid)
 
 
+def check_agent_spec(spec: str) -> None:
+    """An agent spec checked before anything loads (a `DataError` says what is wrong)."""
+    from pathlib import Path
+
+    from conversations.assets import check_model_name
+
+    kind, sep, rest = spec.partition(":")
+    if kind == "scripted" and sep:
+        if rest not in ("oracle", "random"):
+            raise DataError(f"unknown scripted agent '{spec}'; use scripted:oracle or scripted:random")
+    elif kind == "hf" and sep:
+        check_model_name(rest, "agent model")
+    elif Path(spec).exists():
+        check_model_name(spec, "agent checkpoint")
+    else:
+        raise DataError(f"unknown agent '{spec}'; use scripted:oracle, scripted:random, hf:MODEL or a checkpoint path")
+
+
 def load_agent(spec: str, *, seed: int = 0, device: str | None = None, **policy_kw) -> Agent:
     """An agent from its spec (see the module docstring). `policy_kw` go to `PolicyAgent` (max_new_tokens, ...)."""
     from pathlib import Path

@@ -34,8 +34,12 @@ class CompareArgs(RunArgs):
 
     def __post_init__(self):
         super().__post_init__()
+        from agent_rl.agents import check_agent_spec
+
         if len(self.agents) != 2:
             raise ConfigError(f"--agents takes exactly two agents (A B), got {len(self.agents)}")
+        for spec in self.agents:
+            check_agent_spec(spec)
 
 
 def _paired(records_a, records_b, simulator: str, gym: str):

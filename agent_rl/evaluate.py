@@ -57,16 +57,19 @@ class RunArgs:
     torch_threads: int = field(default=0, metadata={"help": "torch intra-op threads (0: torch's default)"})
 
     def __post_init__(self):
+        from agent_rl.users import check_simulator_spec
+        from conversations.config import check_ranges
+
         if self.split not in SPLITS:
             raise ConfigError(f"split must be one of {SPLITS}, got '{self.split}'")
-        for name in ("repeats", "max_live", "agent_max_new_tokens", "user_max_new_tokens", "agent_batch_size",
-                     "user_batch_size"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.episodes < 0 or self.max_turns < 0:
-            raise ConfigError("episodes and max_turns must be >= 0 (0: all / the gym's own)")
+        check_ranges(self, {"repeats": ">= 1", "max_live": ">= 1", "agent_max_new_tokens": ">= 1",
+                            "agent_temperature": ">= 0", "agent_batch_size": ">= 1", "user_max_new_tokens": ">= 1",
+                            "user_temperature": ">= 0", "user_top_p": "(0, 1]", "user_batch_size": ">= 1",
+                            "episodes": ">= 0", "max_turns": ">= 0", "seed": ">= 0", "torch_threads": ">= 0"})
         if not self.simulators:
             raise ConfigError("give at least one simulator: --simulators S1 [S2 ...]")
+        for spec in self.simulators:
+            check_simulator_spec(spec)
         self.gym_list = resolve_gyms(self.gyms)
 
     def fingerprint(self) -> str:
@@ -79,6 +82,12 @@ class RunArgs:
 @dataclass
 class EvalArgs(RunArgs):
     agent: str = field(default="scripted:oracle", metadata={"help": "scripted:oracle|random, hf:MODEL or a path"})
+
+    def __post_init__(self):
+        from agent_rl.agents import check_agent_spec
+
+        super().__post_init__()
+        check_agent_spec(self.agent)
 
 
 def episode_key(agent: str, simulator: str, gym: str, task_id: str, seed: int, fingerprint: str) -> str:

@@ -1,18 +1,31 @@
 """Serve a frozen user simulator as an OpenAI-compatible chat endpoint, so that agent-RL frameworks that take an
-OpenAI base URL for their user model can use it unchanged.
+OpenAI base URL for their user model (UserRL among them) can use it unchanged.
 
-    python -m agent_rl.serve DIR [--port 8000] [--host 127.0.0.1] [--api-key-env AGENT_RL_API_KEY]
+    python -m agent_rl.serve DIR [--port 8000] [--host 127.0.0.1]
+    python -m agent_rl.serve DIR --userrl --judge-upstream openai:MODEL@URL      # UserRL's gyms, unchanged
 
-- POST /v1/chat/completions: `messages` is the conversation from the AGENT's point of view (the agent is `assistant`,
-  the user is `user`), ending with the agent's message (or empty: the user opens). The role flip happens here; the
-  reply's `choices[0].message.content` is the user's next turn (role `assistant`, as OpenAI clients expect of a
-  completion). The user's hidden goal / profile: the request's `goal` (and `persona`) field if given (system messages
-  are then the agent's own instructions, which the simulator sees as such); otherwise the system messages are the goal.
-  `max_tokens`, `temperature`, `top_p` are honoured; `stream` is not supported.
-- GET /v1/models lists the one model; GET /health answers {"status": "ok"}.
-- Binds 127.0.0.1 unless `--host` says otherwise. When the environment variable named by `--api-key-env` is set, every
-  request needs `Authorization: Bearer <key>` (401 otherwise); the key is never logged.
-- Concurrent requests are batched: one generate for everything that arrives within `--batch-wait-ms`.
+POST /v1/chat/completions. `messages` is the conversation with the agent; the simulator writes the user's next turn,
+returned as `choices[0].message.content` (role `assistant`, as OpenAI clients expect of a completion). Orientation:
+- a conversation ending with a `user` message is the standard one: the client (the agent) speaks as `user`, the
+  simulator's earlier turns are `assistant`;
+- a conversation ending with an `assistant` message is the agent's point of view: the agent is `assistant`, the user
+  `user` (what `agent_rl.users` sends);
+- system messages describe the user to simulate (its hidden goal), unless the body has a `goal` (and `persona`) field;
+- with `--userrl`, a request in UserRL's user-simulation shape (`agent_rl.userrl`: a role-play prompt asking for JSON
+  with a `response` field) is answered in that JSON; every other request (the gyms' judge calls) is forwarded to
+  `--judge-upstream`, so rewards stay the upstream model's; a request that is neither gets a 400 saying so.
+Sampling: the export's recorded settings are the defaults (token budget, temperature, top-p). `max_tokens` is
+clamped to the simulator's turn budget (`finish_reason: "length"` when a turn hits it). A temperature the simulator
+was not made for (below `--min-temperature`; UserRL asks for 0, and greedy decoding turns the export into an
+assistant) is replaced by the export's own (`--temperature-policy override`, said in the reply's `simulator` field
+and the log) or refused with a 400 (`refuse`). `n` > 1, negative temperatures and `stream: true` are refused with
+a 400 that says what is expected. `usage` counts tokens.
+Robustness: concurrent requests are batched into one engine call (arrivals within `--batch-wait-ms`); a request whose
+client has gone is dropped from its batch at the next token; request bodies are read (and drained on errors) with
+Content-Length or chunked transfer; bodies over 4 MiB get a 413.
+GET /v1/models lists the one model; GET /health answers {"status": "ok"} (no key needed). Binds 127.0.0.1 unless
+`--host` says otherwise; when the environment variable named by `--api-key-env` is set, every other route needs
+`Authorization: Bearer <key>` (401); the key is never logged.
 DIR is a frozen export (hashes verified, a modified export is refused); any LM simulator spec (hf:MODEL, frozen:DIR,
 openai:...) also works.
 """
@@ -21,29 +34,33 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import dataclasses
 import hmac
 import json
 import logging
 import os
 import queue
+import select
+import socket
 import sys
 import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from conversations import DataError
 from conversations.cli_util import friendly_errors
+from generator.engine import SamplingSettings
 
 from agent_rl.gyms import UserRequest
-from agent_rl.users import DEFAULT_SETTINGS, ScriptedUser, load_simulator, short_label
-from generator.engine import SamplingSettings
+from agent_rl.userrl import RolePlay, parse_roleplay
+from agent_rl.users import DEFAULT_SETTINGS, EMPTY_REPLY, LMUser, ScriptedUser, load_simulator, short_label
 
 log = logging.getLogger("agent_rl.serve")
 DEFAULT_KEY_ENV = "AGENT_RL_API_KEY"
 MAX_BODY = 4 << 20  # bytes: a conversation, not a file upload
+ROLES = ("system", "user", "assistant", "developer")
 
 
 class BadRequest(Exception):
@@ -52,21 +69,32 @@ class BadRequest(Exception):
         self.status, self.message, self.code = status, message, code
 
 
+@dataclass
+class Job:
+    """One request on its way through the batcher."""
+
+    request: UserRequest
+    settings: SamplingSettings
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    gone: threading.Event = field(default_factory=threading.Event)  # the client disconnected
+
+
 class Batcher:
     """Collects concurrent requests for up to `wait_s` (or `max_batch` of them) and answers them with one simulator
-    call per distinct sampling setting."""
+    call per distinct sampling setting. A job whose client has gone is skipped, or dropped from its batch at the next
+    token (`Engine.complete(cancelled=...)`)."""
 
     def __init__(self, simulator, max_batch: int = 16, wait_s: float = 0.01):
         self.simulator, self.max_batch, self.wait_s = simulator, max_batch, wait_s
         self.q: queue.Queue = queue.Queue()
         self.batches = 0
+        self.cancelled = 0
         self._thread = threading.Thread(target=self._loop, name="simulator-batcher", daemon=True)
         self._thread.start()
 
-    def submit(self, request: UserRequest, settings: SamplingSettings, timeout: float = 600.0) -> str:
-        fut: concurrent.futures.Future = concurrent.futures.Future()
-        self.q.put((request, settings, fut))
-        return fut.result(timeout=timeout)
+    def submit(self, job: Job) -> Job:
+        self.q.put(job)
+        return job
 
     def close(self):
         self.q.put(None)
@@ -86,18 +114,42 @@ class Batcher:
                     self.q.put(None)
                     break
                 batch.append(nxt)
-            groups: dict[Any, list] = {}
-            for req, settings, fut in batch:
-                groups.setdefault(settings, []).append((req, fut))
-            for settings, items in groups.items():
+            live = []
+            for job in batch:
+                if job.gone.is_set():
+                    self.cancelled += 1
+                    job.future.cancel()
+                else:
+                    live.append(job)
+            groups: dict[Any, list[Job]] = {}
+            for job in live:
+                groups.setdefault(job.settings, []).append(job)
+            for settings, jobs in groups.items():
                 try:
-                    texts = self.simulator.reply([r for r, _ in items], settings=settings)
-                    for (_, fut), text in zip(items, texts):
-                        fut.set_result(text)
+                    if isinstance(self.simulator, LMUser):
+                        turns = self.simulator.turns([j.request for j in jobs], settings,
+                                                     cancelled=[j.gone.is_set for j in jobs])
+                    else:  # an endpoint simulator: no token-level control
+                        turns = [_Turn(t) for t in self.simulator.reply([j.request for j in jobs], settings=settings)]
+                    for job, turn in zip(jobs, turns):
+                        if job.gone.is_set():
+                            self.cancelled += 1
+                        if not job.future.done():
+                            job.future.set_result(turn)
                 except Exception as e:  # noqa: BLE001 - handed to every waiting request
-                    for _, fut in items:
-                        fut.set_exception(e)
+                    for job in jobs:
+                        if not job.future.done():
+                            job.future.set_exception(e)
             self.batches += 1
+
+
+@dataclass
+class _Turn:
+    text: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    truncated: bool = False
+    ended: bool = False
 
 
 def _text(content: Any) -> str:
@@ -111,60 +163,102 @@ def _text(content: Any) -> str:
     raise BadRequest(400, "message content must be a string or a list of text parts")
 
 
-def parse_chat_request(body: dict[str, Any], defaults: SamplingSettings) -> tuple[UserRequest, SamplingSettings]:
-    """An OpenAI chat request (agent's point of view) as a simulator request plus its sampling settings."""
-    if not isinstance(body, dict):
-        raise BadRequest(400, "the body must be a JSON object")
-    if body.get("stream"):
-        raise BadRequest(400, "stream=true is not supported")
+def read_messages(body: dict[str, Any]) -> list[dict[str, str]]:
     msgs = body.get("messages")
-    if not isinstance(msgs, list):
-        raise BadRequest(400, "'messages' must be a list of {role, content}")
-    messages = []
+    if not isinstance(msgs, list) or not msgs:
+        raise BadRequest(400, "'messages' must be a non-empty list of {role, content}")
+    out = []
     for m in msgs:
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "developer"):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise BadRequest(400, "each message needs a role of system, user or assistant")
-        role = "system" if m["role"] == "developer" else m["role"]
-        messages.append({"role": role, "content": _text(m.get("content"))})
+        out.append({"role": "system" if m["role"] == "developer" else m["role"], "content": _text(m.get("content"))})
+    return out
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How the server treats a request's sampling values."""
+
+    budget: SamplingSettings  # the simulator's own settings: defaults and the token budget
+    min_temperature: float = 0.3
+    temperature_policy: str = "override"  # override | refuse
+
+
+def sampling_for(body: dict[str, Any], policy: Policy) -> tuple[SamplingSettings, list[str]]:
+    """The request's sampling settings under the policy, and notes on what was changed."""
+    notes = []
+    n = body.get("n", 1)
+    if n not in (None, 1):
+        raise BadRequest(400, "n must be 1: the simulator writes one user turn per request")
+    if body.get("stream"):
+        raise BadRequest(400, "stream=true is not supported; send stream=false (the default)")
+    s = policy.budget
+    changes: dict[str, Any] = {}
+    for key, name, cast in (("max_tokens", "max_new_tokens", int), ("max_completion_tokens", "max_new_tokens", int),
+                            ("temperature", "temperature", float), ("top_p", "top_p", float)):
+        if body.get(key) is None:
+            continue
+        try:
+            changes[name] = cast(body[key])
+        except (TypeError, ValueError):
+            raise BadRequest(400, f"'{key}' must be a number") from None
+    if "max_new_tokens" in changes:
+        if changes["max_new_tokens"] < 1:
+            raise BadRequest(400, "max_tokens must be >= 1")
+        if changes["max_new_tokens"] > s.max_new_tokens:
+            notes.append(f"max_tokens {changes['max_new_tokens']} clamped to the simulator's turn budget {s.max_new_tokens}")
+            changes["max_new_tokens"] = s.max_new_tokens
+    if "temperature" in changes:
+        t = changes["temperature"]
+        if t < 0:
+            raise BadRequest(400, "temperature must be >= 0")
+        if t < policy.min_temperature:
+            if policy.temperature_policy == "refuse":
+                raise BadRequest(400, f"temperature {t} is below {policy.min_temperature}: this simulator was trained "
+                                      f"and measured at {s.temperature} (low temperatures make it write like an "
+                                      "assistant); send a higher temperature or omit it")
+            notes.append(f"temperature {t} replaced by the simulator's {s.temperature} (below {policy.min_temperature}, "
+                         "it writes like an assistant)")
+            changes["temperature"] = s.temperature
+    if "top_p" in changes and not 0 < changes["top_p"] <= 1:
+        raise BadRequest(400, "top_p must be in (0, 1]")
+    return s.replace(**changes), notes
+
+
+def to_request(messages: list[dict[str, str]], body: dict[str, Any]) -> UserRequest:
+    """The simulator's request from a chat in either orientation (see the module docstring)."""
     goal = body.get("goal")
     system = [m["content"] for m in messages if m["role"] == "system" and m["content"].strip()]
+    convo = [m for m in messages if m["role"] != "system"]
     if goal is None:  # no explicit goal: the system messages describe the user to simulate
         goal = "\n\n".join(system) or None
-        messages = [m for m in messages if m["role"] != "system"]
-    body_msgs = [m for m in messages if m["role"] != "system"]
-    if body_msgs and body_msgs[-1]["role"] != "assistant":
-        raise BadRequest(400, "the conversation (agent's point of view) must end with the agent's (assistant) "
-                              "message: the user's next turn answers it")
-    settings = defaults
-    overrides = (("max_new_tokens", "max_tokens", int), ("max_new_tokens", "max_completion_tokens", int),
-                 ("temperature", "temperature", float), ("top_p", "top_p", float))
-    for field_name, key, cast in overrides:
-        if body.get(key) is not None:
-            try:
-                settings = dataclasses.replace(settings, **{field_name: cast(body[key])})
-            except DataError as e:
-                raise BadRequest(400, f"'{key}': {e}") from None
-            except (TypeError, ValueError):
-                raise BadRequest(400, f"'{key}' must be a number") from None
-    if not 1 <= settings.max_new_tokens <= 4096:
-        raise BadRequest(400, "max_tokens must be between 1 and 4096")
-    persona = body.get("persona")
-    req = UserRequest(context=messages, goal=goal, gym="", task=None, persona=persona)
-    return req, settings
+        extra_system = []
+    else:
+        extra_system = [{"role": "system", "content": s} for s in system]
+    if not convo:
+        raise BadRequest(400, "the conversation needs at least one user or assistant message (the agent's)")
+    if convo[-1]["role"] == "user":  # standard orientation: the agent speaks as `user`; flip to the agent's view
+        convo = [{"role": "assistant" if m["role"] == "user" else "user", "content": m["content"]} for m in convo]
+    return UserRequest(context=extra_system + convo, goal=goal, gym="", task=None, persona=body.get("persona"))
 
 
 def make_server(simulator, host: str = "127.0.0.1", port: int = 8000, *, api_key_env: str = DEFAULT_KEY_ENV,
-                model_name: str | None = None, max_batch: int = 16, batch_wait_s: float = 0.01) -> ThreadingHTTPServer:
-    """A ready (not yet serving) HTTP server; `serve_forever()` runs it, `server_address[1]` is its port (0: any)."""
+                model_name: str | None = None, max_batch: int = 16, batch_wait_s: float = 0.01, userrl: bool = False,
+                judge=None, min_temperature: float = 0.3, temperature_policy: str = "override") -> ThreadingHTTPServer:
+    """A ready (not yet serving) HTTP server; `serve_forever()` runs it, `server_address[1]` is its port (0: any).
+    `judge`: a `conversations.openai_client.ChatClient` that non-simulation requests are forwarded to (`--userrl`)."""
     if isinstance(simulator, ScriptedUser):
         raise DataError("scripted users need a gym's hidden task; serve an LM simulator (frozen:DIR or hf:MODEL)")
+    if temperature_policy not in ("override", "refuse"):
+        raise DataError(f"temperature policy must be override or refuse, got {temperature_policy!r}")
     model_name = model_name or short_label(simulator.spec)
     batcher = Batcher(simulator, max_batch=max_batch, wait_s=batch_wait_s)
-    defaults = getattr(simulator, "settings", DEFAULT_SETTINGS)
+    policy = Policy(getattr(simulator, "settings", DEFAULT_SETTINGS), min_temperature, temperature_policy)
     created = int(time.time())
+    stats = {"simulated": 0, "userrl": 0, "forwarded": 0, "refused": 0}
 
     class Handler(BaseHTTPRequestHandler):
-        server_version = "agent-rl-simulator/1"
+        server_version = "agent-rl-simulator/2"
         protocol_version = "HTTP/1.1"
 
         def log_message(self, fmt, *args):  # the request line only; headers (the key) are never logged
@@ -172,13 +266,17 @@ def make_server(simulator, host: str = "127.0.0.1", port: int = 8000, *, api_key
 
         def _send(self, status: int, payload: dict[str, Any]):
             data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True  # the client has gone: nothing to answer
 
         def _error(self, e: BadRequest):
+            stats["refused"] += 1
             self._send(e.status, {"error": {"message": e.message, "type": e.code, "code": e.status}})
 
         def _authorised(self) -> bool:
@@ -189,49 +287,147 @@ def make_server(simulator, host: str = "127.0.0.1", port: int = 8000, *, api_key
             token = got[7:] if got.startswith("Bearer ") else self.headers.get("x-api-key", "")
             return hmac.compare_digest(token.encode(), key.encode())
 
+        def _read_body(self) -> bytes:
+            """The whole request body, by Content-Length or chunked transfer; always read, so that an error reply
+            leaves the connection in step for the client's next request."""
+            if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+                parts, total = [], 0
+                while True:
+                    size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                    if size == 0:
+                        while self.rfile.readline() not in (b"\r\n", b"\n", b""):  # trailers
+                            pass
+                        break
+                    total += size
+                    if total > MAX_BODY:
+                        self.close_connection = True
+                        raise BadRequest(413, f"the body is over {MAX_BODY >> 20} MiB")
+                    parts.append(self.rfile.read(size))
+                    self.rfile.readline()  # the chunk's CRLF
+                return b"".join(parts)
+            n = int(self.headers.get("Content-Length") or 0)
+            if n > MAX_BODY:
+                self.close_connection = True
+                raise BadRequest(413, f"the body is over {MAX_BODY >> 20} MiB")
+            return self.rfile.read(n) if n > 0 else b""
+
+        def _client_gone(self) -> bool:
+            """The client closed its end (a timeout on its side): readable with nothing to read."""
+            try:
+                r, _, _ = select.select([self.connection], [], [], 0)
+                return bool(r) and self.connection.recv(1, socket.MSG_PEEK) == b""
+            except (OSError, ValueError):
+                return True
+
         def do_GET(self):
+            path = self.path.split("?")[0].rstrip("/")
+            if path == "/health":
+                return self._send(200, {"status": "ok", **stats, "batches": batcher.batches,
+                                        "cancelled": batcher.cancelled})
             if not self._authorised():
                 return self._error(BadRequest(401, "missing or wrong API key", "invalid_api_key"))
-            path = self.path.split("?")[0].rstrip("/")
             if path in ("/v1/models", "/models"):
                 return self._send(200, {"object": "list", "data": [
                     {"id": model_name, "object": "model", "created": created, "owned_by": "agent_rl"}]})
-            if path == "/health":
-                return self._send(200, {"status": "ok"})
-            self._error(BadRequest(404, f"no route {self.path}", "not_found"))
+            self._error(BadRequest(404, f"no route {self.path}; POST /v1/chat/completions, GET /v1/models, GET /health",
+                                   "not_found"))
 
         def do_POST(self):
             try:
+                raw = self._read_body()
                 if not self._authorised():
                     raise BadRequest(401, "missing or wrong API key", "invalid_api_key")
                 if self.path.split("?")[0].rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
-                    raise BadRequest(404, f"no route {self.path}", "not_found")
-                n = int(self.headers.get("Content-Length") or 0)
-                if n <= 0 or n > MAX_BODY:
-                    raise BadRequest(400 if n <= 0 else 413, "missing or oversized body")
+                    raise BadRequest(404, f"no route {self.path}; POST /v1/chat/completions", "not_found")
+                if not raw:
+                    raise BadRequest(400, "the body is empty: send a JSON chat completion request")
                 try:
-                    body = json.loads(self.rfile.read(n))
-                except json.JSONDecodeError:
+                    body = json.loads(raw)
+                except (json.JSONDecodeError, UnicodeDecodeError):
                     raise BadRequest(400, "the body is not valid JSON") from None
-                req, settings = parse_chat_request(body, defaults)
-                text = batcher.submit(req, settings)
+                if not isinstance(body, dict):
+                    raise BadRequest(400, "the body must be a JSON object")
+                self._answer(body)
             except BadRequest as e:
                 return self._error(e)
             except Exception as e:  # noqa: BLE001 - a simulator failure is a 500 for this request, not a dead server
                 log.exception("simulator failed")
                 return self._error(BadRequest(500, f"simulator error: {type(e).__name__}", "server_error"))
+
+        def _answer(self, body: dict[str, Any]):
+            messages = read_messages(body)
+            settings, notes = sampling_for(body, policy)
+            roleplay: RolePlay | None = parse_roleplay(messages) if userrl else None
+            if userrl and roleplay is None:
+                return self._forward(body, messages)
+            if roleplay is not None:
+                request = UserRequest(context=roleplay.context(), goal=roleplay.goal, gym="userrl", task=None)
+            else:
+                request = to_request(messages, body)
+            job = batcher.submit(Job(request, settings))
+            while True:  # wait, watching for a client that gives up (its request is then dropped from the batch)
+                try:
+                    turn = job.future.result(timeout=0.05)
+                    break
+                except concurrent.futures.TimeoutError:
+                    if self._client_gone():
+                        job.gone.set()
+                        self.close_connection = True
+                        log.info("client gone: request dropped")
+                        return
+                except concurrent.futures.CancelledError:
+                    return
+            text = turn.text if turn.text != EMPTY_REPLY else ""
+            stats["userrl" if roleplay is not None else "simulated"] += 1
+            for note in notes:
+                log.info("%s", note)
             self._send(200, {
-                "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
-                "object": "chat.completion",
-                "created": int(time.time()),
+                "id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
                 "model": body.get("model") or model_name,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                "choices": [{"index": 0, "message": {"role": "assistant",
+                                                     "content": roleplay.reply(text) if roleplay else text},
+                             "finish_reason": "length" if turn.truncated else "stop"}],
+                "usage": {"prompt_tokens": turn.prompt_tokens, "completion_tokens": turn.completion_tokens,
+                          "total_tokens": turn.prompt_tokens + turn.completion_tokens},
+                "simulator": {"temperature": settings.temperature, "max_tokens": settings.max_new_tokens,
+                              "ended": turn.ended, "userrl": roleplay is not None, "notes": notes},
+            })
+
+        def _forward(self, body: dict[str, Any], messages: list[dict[str, str]]):
+            if judge is None:
+                raise BadRequest(400, "this request is not a user-simulation request (no role-play prompt asking "
+                                      "for a JSON 'response' with a labelled question) and no --judge-upstream is "
+                                      "set to forward it to")
+            params = {k: body[k] for k in ("temperature", "max_tokens", "top_p", "stop") if body.get(k) is not None}
+            try:
+                content = judge.complete(messages, **params)
+            except DataError as e:
+                raise BadRequest(502, f"judge upstream failed: {e}", "upstream_error") from None
+            stats["forwarded"] += 1
+            self._send(200, {
+                "id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
+                "model": body.get("model") or judge.model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+                "simulator": {"forwarded_to": judge.model},
             })
 
     server = ThreadingHTTPServer((host, port), Handler)
     server.daemon_threads = True
     server.batcher = batcher  # type: ignore[attr-defined]
+    server.stats = stats  # type: ignore[attr-defined]
     return server
+
+
+def upstream_client(spec: str, api_key_env: str):
+    """`openai:MODEL@URL` as a ChatClient (the key read from `api_key_env` at each request)."""
+    from conversations.openai_client import ChatClient
+
+    kind, _, rest = spec.partition(":")
+    model, at, url = rest.partition("@")
+    if kind != "openai" or not model or not at or not url:
+        raise DataError(f"--judge-upstream must be openai:MODEL@BASE_URL, got '{spec}'")
+    return ChatClient(url, model, api_key_env=api_key_env, timeout=60.0, retries=2)
 
 
 @friendly_errors
@@ -244,25 +440,45 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--api-key-env", default=DEFAULT_KEY_ENV,
                    help="environment variable holding the API key; when it is set, requests must carry it")
     p.add_argument("--model-name", default=None, help="the id /v1/models reports (default: from the folder name)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--max-new-tokens", type=int, default=None, help="turn budget (default: the export's)")
+    p.add_argument("--temperature", type=float, default=None, help="default temperature (default: the export's)")
+    p.add_argument("--top-p", type=float, default=None, help="default top-p (default: the export's)")
+    p.add_argument("--min-temperature", type=float, default=0.3,
+                   help="requests below this temperature get the simulator's own (or a 400, see --temperature-policy)")
+    p.add_argument("--temperature-policy", choices=("override", "refuse"), default="override")
+    p.add_argument("--userrl", action="store_true",
+                   help="answer UserRL's user-simulation requests in its JSON; forward other requests upstream")
+    p.add_argument("--judge-upstream", default=None, metavar="openai:MODEL@URL",
+                   help="where requests that are not user simulation go (UserRL's judge calls)")
+    p.add_argument("--judge-api-key-env", default="OPENAI_API_KEY", help="environment variable of the upstream's key")
     p.add_argument("--max-batch", type=int, default=16)
     p.add_argument("--batch-wait-ms", type=float, default=10.0)
     p.add_argument("--device", default=None)
     a = p.parse_args(argv)
+    for name in ("max_new_tokens", "max_batch", "port"):
+        v = getattr(a, name)
+        if v is not None and v < (0 if name == "port" else 1):
+            raise DataError(f"--{name.replace('_', '-')} must be >= {0 if name == 'port' else 1}, got {v}")
+    if a.batch_wait_ms < 0 or a.min_temperature < 0:
+        raise DataError("--batch-wait-ms and --min-temperature must be >= 0")
+    if a.judge_upstream and not a.userrl:
+        raise DataError("--judge-upstream needs --userrl (only UserRL's judge calls are forwarded)")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     spec = a.simulator if ":" in a.simulator else f"frozen:{a.simulator}"
-    settings = SamplingSettings(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p,
-                                max_prompt_tokens=768)
-    simulator = load_simulator(spec, settings, batch_size=a.max_batch, device=a.device)
+    judge = upstream_client(a.judge_upstream, a.judge_api_key_env) if a.judge_upstream else None
+    simulator = load_simulator(spec, None, batch_size=a.max_batch, device=a.device)
+    base = getattr(simulator, "settings", DEFAULT_SETTINGS)
+    simulator.settings = base.replace(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p)
     if a.host not in ("127.0.0.1", "localhost", "::1") and not os.environ.get(a.api_key_env):
         log.warning("listening on %s without an API key: set %s to require one", a.host, a.api_key_env)
     server = make_server(simulator, a.host, a.port, api_key_env=a.api_key_env, model_name=a.model_name,
-                         max_batch=a.max_batch, batch_wait_s=a.batch_wait_ms / 1000)
+                         max_batch=a.max_batch, batch_wait_s=a.batch_wait_ms / 1000, userrl=a.userrl, judge=judge,
+                         min_temperature=a.min_temperature, temperature_policy=a.temperature_policy)
     host, port = server.server_address[:2]
-    log.info("serving %s at http://%s:%d/v1 (auth %s)", spec, host, port,
-             "on" if os.environ.get(a.api_key_env) else "off")
+    s = simulator.settings
+    log.info("serving %s at http://%s:%d/v1 (auth %s; turn budget %d tokens, temperature %s, top-p %s%s)", spec, host,
+             port, "on" if os.environ.get(a.api_key_env) else "off", s.max_new_tokens, s.temperature, s.top_p,
+             f"; UserRL mode, judge calls to {judge.model}" if a.userrl and judge else "; UserRL mode" if a.userrl else "")
     try:
         server.serve_forever()
     except KeyboardInterrupt:

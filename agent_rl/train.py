@@ -67,7 +67,7 @@ class AgentRLArgs:
     user_batch_size: int = 32
     lora_r: int = 16
     lora_alpha: int = 32
-    lora_dropout: float = 0.05
+    lora_dropout: float = 0.0
     torch_threads: int = field(default=0, metadata={"help": "torch intra-op threads (0: torch's default)"})
     dtype: str = field(default="auto", metadata={
         "help": "precision: auto (bf16 on GPUs and fast-bf16 CPUs, else fp32), bf16 or fp32; --bf16 means the same"})
@@ -76,21 +76,22 @@ class AgentRLArgs:
         from agent_rl.gyms import resolve_gyms
         from conversations.precision import normalise_dtype
 
-        self.dtype = normalise_dtype(self.dtype)
+        from agent_rl.users import check_simulator_spec
+        from conversations.assets import check_model_name
+        from conversations.config import check_ranges
 
+        self.dtype = normalise_dtype(self.dtype)
+        check_ranges(self, {"tasks_per_gym": ">= 0", "max_turns": ">= 0", "gamma": "(0, 1]", "format_bonus": ">= 0",
+                            "agent_max_new_tokens": ">= 1", "agent_temperature": "> 0", "agent_top_p": "(0, 1]",
+                            "max_seq_len": ">= 64", "user_max_new_tokens": ">= 1", "user_temperature": ">= 0",
+                            "user_top_p": "(0, 1]", "user_batch_size": ">= 1", "lora_r": ">= 1", "lora_alpha": "> 0",
+                            "lora_dropout": "[0, 1)", "torch_threads": ">= 0"})
+        check_model_name(self.agent_model, "agent_model")
+        check_simulator_spec(self.simulator)
         if self.turn_credit not in TURN_CREDITS:
             raise ConfigError(f"turn_credit must be one of {TURN_CREDITS}, got '{self.turn_credit}'")
         if self.trajectory_score not in TRAJECTORY_SCORES:
             raise ConfigError(f"trajectory_score must be one of {TRAJECTORY_SCORES}, got '{self.trajectory_score}'")
-        if not 0 < self.gamma <= 1:
-            raise ConfigError(f"gamma must be in (0, 1], got {self.gamma}")
-        if self.format_bonus < 0:
-            raise ConfigError(f"format_bonus must be >= 0, got {self.format_bonus}")
-        for name in ("agent_max_new_tokens", "user_max_new_tokens", "max_seq_len", "lora_r", "user_batch_size"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_turns < 0 or self.tasks_per_gym < 0:
-            raise ConfigError("max_turns and tasks_per_gym must be >= 0 (0: no override)")
         self.gym_list = resolve_gyms(self.gyms)
 
 
@@ -222,9 +223,8 @@ def train(args: AgentRLArgs, grpo, callbacks: list | None = None):
     """Run agent RL. Returns (summary, trainer); the summary is also written to OUTPUT_DIR/agent_rl.json and the
     LoRA adapter (plus tokenizer) to OUTPUT_DIR, loadable as an agent: `--agent OUTPUT_DIR`."""
     import torch
-    from peft import LoraConfig
 
-    from generator.model import load_generator
+    from generator.model import load_generator, lora_config
 
     from agent_rl.users import load_simulator, user_settings
 
@@ -238,8 +238,7 @@ def train(args: AgentRLArgs, grpo, callbacks: list | None = None):
     model, tokenizer = load_generator(args.agent_model)
     dataset = build_dataset(args)
     rollout = AgentRollout(args, simulator, tokenizer)
-    lora = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
-                      target_modules="all-linear", task_type="CAUSAL_LM")
+    lora = lora_config(args.lora_r, args.lora_alpha, args.lora_dropout)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     trainer = _trainer_class()(
         model=model,
@@ -284,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     from conversations.precision import apply_precision, run_precision
 
     args, grpo = parse_config((AgentRLArgs, GRPOConfig), argv, prog="agent_rl/train.py")
-    args.dtype = run_precision(args.dtype, grpo, given_keys(argv))
+    args.dtype = run_precision(args.dtype, grpo, *given_keys(argv))
     apply_precision(grpo, args.dtype)
     check_vllm(grpo.use_vllm)
     summary, _ = train(args, grpo)

@@ -152,6 +152,34 @@ def exported_settings(manifest: dict | None) -> SamplingSettings | None:
     return SamplingSettings.from_dict(manifest["sampling"])
 
 
+def check_simulator_spec(spec: str) -> None:
+    """A simulator spec checked before anything loads: its kind, its model name (hf:), its export folder (frozen:),
+    its URL form (openai:), its mode (scripted:). A `DataError` says what is wrong."""
+    from conversations.assets import check_model_name
+
+    kind, sep, rest = spec.partition(":")
+    if not sep and Path(spec).is_dir():
+        kind, rest = "frozen", spec
+    if kind == "scripted":
+        if rest not in SCRIPTED_MODES:
+            raise DataError(f"unknown scripted user '{rest}'; use scripted:oracle or scripted:terse")
+    elif kind == "frozen":
+        if not (Path(rest) / "simulator.json").exists():
+            raise DataError(f"simulator '{spec}': {rest} is not a frozen export (no simulator.json); export one with "
+                            "the main job, or use hf:MODEL")
+    elif kind == "hf":
+        if not rest:
+            raise DataError("hf: needs a model, e.g. hf:smollm2-135m-instruct")
+        check_model_name(rest, "simulator model")
+    elif kind == "openai":
+        model, at, url = rest.partition("@")
+        if not model or not at or not url.startswith(("http://", "https://")):
+            raise DataError(f"openai simulator spec must be openai:MODEL@http(s)://HOST/..., got '{spec}'")
+    else:
+        raise DataError(f"unknown simulator '{spec}'; use frozen:DIR, hf:MODEL, openai:MODEL@BASE_URL, "
+                        "scripted:oracle or scripted:terse")
+
+
 def load_simulator(spec: str, settings: SamplingSettings | None = None, *, batch_size: int = 32, seed: int = 0,
                    device: str | None = None, dtype: str = "auto", api_key_env: str = "OPENAI_API_KEY") -> UserSimulator:
     """A user simulator from its spec (see the module docstring). `settings` None: a frozen export's own settings
@@ -159,6 +187,7 @@ def load_simulator(spec: str, settings: SamplingSettings | None = None, *, batch
     inference (`conversations.precision`: bf16 on a CPU where bf16 is fast)."""
     from conversations.precision import inference_dtype, resolve_precision
 
+    check_simulator_spec(spec)
     kind, sep, rest = spec.partition(":")
     if not sep and Path(spec).is_dir() and (Path(spec) / "simulator.json").exists():
         kind, rest = "frozen", spec

@@ -5,7 +5,7 @@
 
 Two GRPOTrainers are built in one process from the demo preset (`--config`): the bare one with a constant reward,
 the adversarial one as the main job builds it (`adversary.loop.build_trainer`: `adversary.reward.build_rewards`
-with the NeuralDiscriminator, replay buffer, `CoTrainCallback` at the preset's cadence `d_every`/`d_steps`,
+with the NeuralDetector, replay buffer, `CoTrainCallback` at the preset's cadence `d_every`/`d_steps`,
 FaultGuard), less the held-out meter (measured by bench_default_run.py) and the checkpoint callbacks. The
 discriminator gets the job's initial fit first, so its accuracy, and with it the number of co-training updates,
 is that of a real run's first steps.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -136,12 +137,63 @@ def is_asset(name: str) -> bool:
     return name in _BUILDERS
 
 
-def resolve_model(name_or_path: str | os.PathLike) -> str:
-    """An embedded asset name becomes a local folder (built on first use); a path or model id is returned as is."""
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+
+
+def hub_offline() -> bool:
+    return any(os.environ.get(k, "").lower() in ("1", "true", "yes", "on") for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def _in_hub_cache(model_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return any(isinstance(try_to_load_from_cache(model_id, f), str) for f in ("config.json", "adapter_config.json"))
+    except Exception:  # noqa: BLE001 - an odd id or cache layout: not cached
+        return False
+
+
+def _not_found(what: str, name: str, why: str) -> DataError:
+    return DataError(f"{what} {name!r} {why}; embedded assets: {', '.join(ASSETS)}")
+
+
+def check_model_name(name: str, what: str = "model") -> None:
+    """Whether `name` can be loaded, decided before anything loads: an embedded asset, a local model folder (with
+    config.json or adapter_config.json), a model id in the local cache, or a model id the hub may still serve (not
+    when HF_HUB_OFFLINE is set). Anything else is a `DataError` that says which of these it is not."""
+    name = str(name)
+    if name in _BUILDERS:
+        return
+    p = Path(name).expanduser()
+    if p.exists():
+        if p.is_dir() and any((p / f).exists() for f in ("config.json", "adapter_config.json")):
+            return
+        raise DataError(f"{what} {name!r} is a {'folder' if p.is_dir() else 'file'} but not a saved model "
+                        "(no config.json or adapter_config.json in it)")
+    if name.startswith(("/", "./", "../", "~")) or name.endswith("/") or name.count("/") > 1 or not _HUB_ID.fullmatch(name):
+        raise _not_found(what, name, "is not an embedded asset, and no such local folder exists")
+    if _in_hub_cache(name):
+        return
+    if hub_offline():
+        raise _not_found(what, name, "is not an embedded asset, not a local folder and not in the local model cache "
+                                     "(HF_HUB_OFFLINE is set: nothing is downloaded)")
+
+
+def resolve_model(name_or_path: str | os.PathLike, what: str = "model") -> str:
+    """The one model resolution of every entry point: an embedded asset name becomes its local folder (built on first
+    use); a local folder or a model id is checked (`check_model_name`) and returned as is."""
     name = str(name_or_path)
     if name in _BUILDERS:
         return str(_BUILDERS[name]())
+    check_model_name(name, what)
     return name
+
+
+def load_error(what: str, name: str, e: Exception) -> DataError:
+    """A `from_pretrained` failure (no network, a missing file) as one line."""
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return DataError(f"cannot load {what} {name!r}: {first} (not an embedded asset ({', '.join(ASSETS)}), and not "
+                     "loadable as a local folder or from the local model cache)")
 
 
 def describe(name_or_path: str) -> dict:

@@ -24,6 +24,49 @@ class ConfigError(DataError):
     """A bad config value: names the file or flag and the key, says what would be valid."""
 
 
+def in_range(value: Any, spec: str) -> bool:
+    """`spec`: ">= 1", "> 0", "<= 50", "[0, 1)", "(0, 1]", "-1 or >= 1"."""
+    if " or " in spec:
+        return any(in_range(value, part) for part in spec.split(" or "))
+    spec = spec.strip()
+    if spec[0] in "[(":
+        lo, hi = (float(x) for x in spec[1:-1].split(","))
+        return (value >= lo if spec[0] == "[" else value > lo) and (value <= hi if spec[-1] == "]" else value < hi)
+    for op in (">=", "<=", ">", "<"):
+        if spec.startswith(op):
+            b = float(spec[len(op):])
+            return {">=": value >= b, "<=": value <= b, ">": value > b, "<": value < b}[op]
+    try:
+        return value == float(spec)
+    except ValueError:
+        raise ValueError(f"bad range spec {spec!r}") from None
+
+
+def check_ranges(obj: Any, ranges: dict[str, str]) -> None:
+    """Raise a `ConfigError` naming the first field of `obj` outside its range (None values are not checked)."""
+    for key, spec in ranges.items():
+        value = getattr(obj, key, None)
+        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if not in_range(value, spec):
+            said = f"in {spec}" if spec[0] in "[(" else spec
+            raise ConfigError(f"{key} must be {said}, got {value}; fix it in the YAML config or with --{key} on the "
+                              "command line")
+
+
+# the values we pass on to transformers / TRL that they reject late (a traceback from the optimiser) or never (a
+# negative step count runs as if it meant something); checked for any config that has the field
+TRAINER_RANGES = {
+    "learning_rate": "> 0", "max_steps": "-1 or >= 1", "num_train_epochs": "> 0", "per_device_train_batch_size": ">= 1",
+    "gradient_accumulation_steps": ">= 1", "logging_steps": "> 0", "save_steps": "> 0", "eval_steps": "> 0",
+    "save_total_limit": ">= 1", "warmup_steps": ">= 0", "weight_decay": ">= 0", "max_grad_norm": ">= 0", "seed": ">= 0",
+    "adam_beta1": "[0, 1)", "adam_beta2": "[0, 1)", "adam_epsilon": "> 0",
+    # GRPO
+    "num_generations": ">= 2", "max_completion_length": ">= 1", "temperature": "> 0", "top_p": "(0, 1]", "beta": ">= 0",
+    "epsilon": "> 0", "num_iterations": ">= 1", "steps_per_generation": ">= 1", "generation_batch_size": ">= 1",
+}
+
+
 def _field_types(dataclass_types) -> dict[str, Any]:
     out = {}
     for t in dataclass_types:
@@ -96,20 +139,21 @@ def load_yaml_config(path: str | Path, dataclass_types) -> dict[str, Any]:
     return data
 
 
-def given_keys(argv: list[str] | None = None) -> set[str]:
-    """The keys a user set: those of the `--config` YAML file and every `--key` on the command line (to tell a value
-    a user chose from a library's default, e.g. TRL's `bf16`)."""
+def given_keys(argv: list[str] | None = None) -> tuple[set[str], set[str]]:
+    """The keys a user set, (on the command line, in the `--config` YAML file): to tell a value a user chose from a
+    library's default (e.g. TRL's `bf16`), and the command line from the preset."""
     import yaml
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    keys = {a[2:].split("=", 1)[0].replace("-", "_") for a in argv if a.startswith("--") and a != "--config"}
+    cli = {a[2:].split("=", 1)[0].replace("-", "_") for a in argv if a.startswith("--") and a != "--config"}
+    preset: set[str] = set()
     if "--config" in argv and argv.index("--config") + 1 < len(argv):
         try:
             data = yaml.safe_load(Path(argv[argv.index("--config") + 1]).read_text(encoding="utf-8")) or {}
-            keys |= set(data) if isinstance(data, dict) else set()
+            preset = set(data) if isinstance(data, dict) else set()
         except (OSError, yaml.YAMLError):
             pass  # parse_config reports it
-    return keys
+    return cli, preset
 
 
 def parse_config(dataclass_types, argv: list[str] | None = None, prog: str | None = None):
@@ -132,12 +176,20 @@ def parse_config(dataclass_types, argv: list[str] | None = None, prog: str | Non
         data = load_yaml_config(path, dataclass_types)
         del argv[i : i + 2]
         parser.set_defaults_with_config(**data)
+    from transformers import TrainingArguments
+
+    trainer_config = any(isinstance(t, type) and issubclass(t, TrainingArguments) for t in dataclass_types)
+    if trainer_config:  # before the configs are built: their own checks would fire first, without naming the key
+        import argparse
+
+        ns, _ = argparse.ArgumentParser.parse_known_args(parser, args=argv)
+        check_ranges(ns, TRAINER_RANGES)
     try:
         return parser.parse_args_into_dataclasses(args=argv)
     except ConfigError:
         raise
     except (ValueError, TypeError) as e:
-        raise ConfigError(str(e)) from None
+        raise ConfigError(str(e).strip().splitlines()[0]) from None
 
 
 def to_jsonable(obj: Any) -> Any:

@@ -109,7 +109,10 @@ def iter_raw_records(path: str | os.PathLike, *, tolerate_truncated_tail: bool =
         if isinstance(obj, dict):
             yield f"{name}:1", obj
             return
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    # split on "\n" only: str.splitlines also splits on U+2028, U+0085 and other separators that JSON strings
+    # written with ensure_ascii=False may hold
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        line = line.rstrip("\r")
         if not line.strip():
             continue
         loc = f"{name}:{lineno}"

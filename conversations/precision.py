@@ -96,16 +96,24 @@ def trainer_precision_kwargs(precision: str, device=None) -> dict:
     return {"bf16": precision == "bf16", "fp16": precision == "fp16", "use_cpu": not _on_cuda(device)}
 
 
-def run_precision(dtype: str, training_args=None, given: set[str] | frozenset = frozenset()) -> str:
-    """The one precision of a run: `dtype` (auto | bf16 | fp16 | fp32), or the trainer flag a user set explicitly
-    (`--bf16 true`, `bf16: false` in the YAML) when `dtype` is auto. A flag that contradicts `dtype` is refused."""
+def run_precision(dtype: str, training_args=None, cli: set[str] | frozenset = frozenset(),
+                  preset: set[str] | frozenset = frozenset()) -> str:
+    """The one precision of a run, from `dtype` (auto | bf16 | fp16 | fp32) and the trainer flags `bf16` / `fp16`
+    when a user set them: the command line over the YAML preset; on one level, a flag that contradicts `dtype` is
+    refused. `cli` / `preset`: the keys set on each (`conversations.config.given_keys`)."""
     d = normalise_dtype(dtype)
-    if training_args is not None and given & {"bf16", "fp16"}:
-        flag = "bf16" if getattr(training_args, "bf16", False) else "fp16" if getattr(training_args, "fp16", False) else "fp32"
-        if d not in ("auto", flag):
+    if training_args is None:
+        return resolve_precision(d)
+    flag = "bf16" if getattr(training_args, "bf16", False) else "fp16" if getattr(training_args, "fp16", False) else "fp32"
+    for level in (cli, preset):
+        has_flag, has_dtype = bool(level & {"bf16", "fp16"}), "dtype" in level
+        if has_flag and has_dtype and d not in ("auto", flag):
             raise ConfigError(f"dtype {d} contradicts bf16={training_args.bf16}, fp16={training_args.fp16}; set one of "
-                              "them (dtype: auto|bf16|fp32 is enough) in the YAML config or on the command line")
-        d = flag
+                              "them (dtype: auto | bf16 | fp32 is enough) in the YAML config or on the command line")
+        if has_flag:
+            return resolve_precision(flag)
+        if has_dtype:
+            return resolve_precision(d)
     return resolve_precision(d)
 
 

@@ -31,3 +31,19 @@ def extract_turns(
                 )
             )
     return out
+
+
+def cut_conversations(conversations: Sequence[Conversation], max_user_turns: int) -> list[Conversation]:
+    """Each conversation up to (and with the assistant's reply to) its `max_user_turns`-th user turn: the real side
+    of a comparison capped where the simulations are capped."""
+    out = []
+    for c in conversations:
+        msgs, seen = [], 0
+        for m in c.messages:
+            if m["role"] == "user":
+                seen += 1
+                if seen > max_user_turns:
+                    break
+            msgs.append(dict(m))
+        out.append(Conversation(id=c.id, messages=msgs, source=c.source, group=c.group))
+    return out

@@ -1,8 +1,8 @@
 """Detectors and the Turing-distance meter (docs/turing-distance.md).
 
 - `discriminator.turing.measure_td(real_items, sim_items, detectors=..., folds=5, seed=0)`: the meter.
-- `discriminator.neural.NeuralDiscriminator`: pair classifier over (context tail, user turn), trainable online.
-- `discriminator.classical.ClassicalDiscriminator` / `StyleDiscriminator`: scikit-learn detectors.
+- `discriminator.neural.NeuralDetector`: pair classifier over (context tail, user turn), trainable online.
+- `discriminator.classical.ClassicalDetector` / `StyleDetector`: scikit-learn detectors.
 
 Names are imported lazily, so `import discriminator.turing` with the fast panel never loads torch.
 """
@@ -12,12 +12,12 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "NeuralDiscriminator": "discriminator.neural",
-    "ClassicalDiscriminator": "discriminator.classical",
-    "StyleDiscriminator": "discriminator.classical",
+    "NeuralDetector": "discriminator.neural",
+    "ClassicalDetector": "discriminator.classical",
+    "StyleDetector": "discriminator.classical",
     "measure_td": "discriminator.turing",
     "make_detector": "discriminator.turing",
-    "td": "discriminator.turing",
+    "turing_distance": "discriminator.turing",
     "grouped_folds": "discriminator.turing",
     "bootstrap_ci": "discriminator.turing",
 }

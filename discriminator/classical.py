@@ -1,12 +1,12 @@
 """scikit-learn detectors: fast (seconds on 2 x 1,000 turns), deterministic, and of different families from the neural
 one, so the panel does not share one model's blind spots.
 
-- `ClassicalDiscriminator`: character and word n-gram TF-IDF of the user turn plus the style features, into logistic
+- `ClassicalDetector`: character and word n-gram TF-IDF of the user turn plus the style features, into logistic
   regression.
-- `StyleDiscriminator`: the style features alone, into gradient-boosted trees (catches non-linear combinations such as
+- `StyleDetector`: the style features alone, into gradient-boosted trees (catches non-linear combinations such as
   "long, markdown, and answers a short question").
 
-Both score with log-odds that an item is real (label 1), like `NeuralDiscriminator`.
+Both score with log-odds that an item is real (label 1), like `NeuralDetector`.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class _SklearnDetector:
         return _sigmoid(self.score(items))
 
 
-class ClassicalDiscriminator(_SklearnDetector):
+class ClassicalDetector(_SklearnDetector):
     """TF-IDF n-grams (characters keep casing and punctuation, words catch phrasing) plus style features, into
     L2-regularised logistic regression with balanced class weights."""
 
@@ -115,7 +115,7 @@ class ClassicalDiscriminator(_SklearnDetector):
                 blocks.append(sparse.csr_matrix(self._scaler.transform(style_features(items))))
         return sparse.hstack(blocks, format="csr")
 
-    def fit(self, items: Sequence[TurnRecord], labels) -> "ClassicalDiscriminator":
+    def fit(self, items: Sequence[TurnRecord], labels) -> "ClassicalDetector":
         from sklearn.linear_model import LogisticRegression
 
         y = self._check_fit(items, labels)
@@ -137,7 +137,7 @@ class ClassicalDiscriminator(_SklearnDetector):
             return self._model.decision_function(X).astype(np.float64)
 
 
-class StyleDiscriminator(_SklearnDetector):
+class StyleDetector(_SklearnDetector):
     """Gradient-boosted trees over the style features only (no vocabulary): a different family from the n-gram model."""
 
     name = "style"
@@ -157,7 +157,7 @@ class StyleDiscriminator(_SklearnDetector):
         self.l2_regularization = l2_regularization
         self.seed = seed
 
-    def fit(self, items: Sequence[TurnRecord], labels) -> "StyleDiscriminator":
+    def fit(self, items: Sequence[TurnRecord], labels) -> "StyleDetector":
         from sklearn.ensemble import HistGradientBoostingClassifier
 
         y = self._check_fit(items, labels)

@@ -1,11 +1,19 @@
-"""Measure the Turing distance between real and simulated user turns.
+"""Measure the Turing distance between real and simulated users, turn by turn or whole conversations.
 
     python -m discriminator.evaluate --real REAL --simulated SIM [--detectors classical style neural] [--folds 5]
         [--seed 0] --out report.json
+    python -m discriminator.evaluate --level conversation --seed-user-turns 1 --real REAL --simulated SIM --out r.json
+    python -m discriminator.evaluate --judge single --judge-model openai:MODEL@URL --level conversation ...
+    python -m discriminator.evaluate --judge pairwise --judge-model hf:smollm2-135m-instruct --real R --simulated S ...
 
-REAL and SIM: conversations in any format the data layer reads (every user turn becomes an item) or turn records
-`{id, context, user_turn}` (JSONL or a JSON array). The larger side is sampled down to the smaller one (fixed seed).
-Writes the report (definition and fields: docs/turing-distance.md) and prints it as a table.
+REAL and SIM: conversations in any format the data layer reads or turn records `{id, context, user_turn}` (JSONL or
+a JSON array). `--level turn` (default): every user turn is an item. `--level conversation`: every conversation is
+one item, its user side after the first `--seed-user-turns` user turns (`discriminator.conversation`), with the same
+fresh detectors, balancing, grouped cross-fitting and bootstrap. The larger side is sampled down to the smaller one
+(fixed seed). `--judge single|pairwise`: an LLM judge instead of the detectors (`discriminator.judges`; single reads
+whole conversations, pairwise real and simulated turns of the same contexts), through an OpenAI-compatible endpoint
+(key from `--judge-api-key-env`, requests cached in `--judge-cache`) or a local model (`hf:MODEL`).
+Writes the report (definition and fields: docs/turing-distance.md) and prints it.
 """
 
 from __future__ import annotations
@@ -43,6 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-length", type=int, default=None, help="neural max tokens per item")
     p.add_argument("--context-tokens", type=int, default=None, help="neural context budget (tokens, from the left)")
     p.add_argument("--lora", action="store_true", help="train the neural detector with LoRA")
+    p.add_argument("--level", choices=("turn", "conversation"), default="turn")
+    p.add_argument("--seed-user-turns", type=int, default=0,
+                   help="conversation level: real user turns every simulation started from (left out of the items)")
+    p.add_argument("--judge", choices=("single", "pairwise"), default=None, help="an LLM judge instead of the detectors")
+    p.add_argument("--judge-model", default=None, help="openai:MODEL@BASE_URL or hf:MODEL")
+    p.add_argument("--judge-api-key-env", default="OPENAI_API_KEY")
+    p.add_argument("--judge-cache", default=None, help="folder caching the judge's replies by request hash (resume)")
+    p.add_argument("--judge-workers", type=int, default=8, help="concurrent judge requests")
     p.add_argument("--out", required=True, help="report.json path")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     return p
@@ -79,6 +95,53 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _conversations(path: str, fmt: str, side: str):
+    from conversations import load_conversations
+
+    convs, _ = load_conversations(path, fmt)
+    if not convs:
+        raise DataError(f"no {side} conversations", path)
+    return convs
+
+
+def conversation_level(args):
+    from discriminator.conversation import conversation_items
+
+    real = conversation_items(_conversations(args.real, args.format, "real"), args.seed_user_turns)
+    sim = conversation_items(_conversations(args.simulated, args.format, "simulated"), args.seed_user_turns, "@sim")
+    for side, items, path in (("real", real, args.real), ("simulated", sim, args.simulated)):
+        if len(items) < MIN_ITEMS:
+            raise DataError(f"only {len(items)} {side} conversation(s) with user turns after the seed; the meter "
+                            f"needs at least {MIN_ITEMS}", path)
+    return real, sim
+
+
+def run_judge(args) -> int:
+    from discriminator.judges import judge_pairwise, judge_single, make_judge
+
+    if not args.judge_model:
+        raise DataError("--judge needs --judge-model openai:MODEL@BASE_URL or hf:MODEL")
+    if args.judge_workers < 1:
+        raise DataError(f"--judge-workers must be >= 1, got {args.judge_workers}")
+    judge = make_judge(args.judge_model, cache_dir=args.judge_cache, max_workers=args.judge_workers,
+                       api_key_env=args.judge_api_key_env)
+    if args.judge == "single":
+        rep = judge_single(judge, _conversations(args.real, args.format, "real"),
+                           _conversations(args.simulated, args.format, "simulated"), n_boot=args.n_boot, seed=args.seed)
+    else:
+        rep = judge_pairwise(judge, read_items(args.real, args.format), read_items(args.simulated, args.format),
+                             n_boot=args.n_boot, seed=args.seed)
+    doc = {**rep.to_dict(), "inputs": {"real": str(args.real), "simulated": str(args.simulated)}}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    lo, hi = rep.td_ci95
+    print(f"{rep.protocol} judge {rep.judge}: accuracy {rep.accuracy:.1f} on {rep.n}, td {rep.td:.1f} [95% CI {lo:.1f}, "
+          f"{hi:.1f}]; " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in rep.extra.items()))
+    print(f"report: {out}")
+    return 0
+
+
 @friendly_errors
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
@@ -86,8 +149,15 @@ def main(argv=None) -> int:
     unknown = [d for d in detectors if d not in detector_names()]
     if unknown:
         raise DataError(f"unknown detector {unknown[0]!r} (choose from {', '.join(detector_names())})", "--detectors")
-    if args.folds < 2:
-        raise DataError(f"need at least 2 folds, got {args.folds}", "--folds")
+    for flag, value, low in (("--folds", args.folds, 2), ("--n-boot", args.n_boot, 1), ("--seed", args.seed, 0),
+                             ("--epochs", args.epochs, 1), ("--max-length", args.max_length, 32),
+                             ("--context-tokens", args.context_tokens, 0)):
+        if value is not None and value < low:
+            raise DataError(f"{flag} must be >= {low}, got {value}")
+    if args.backbone is not None:
+        from conversations.assets import check_model_name
+
+        check_model_name(args.backbone, "--backbone")
     neural_kwargs = {}
     for key, val in (("backbone", args.backbone), ("epochs", args.epochs), ("max_length", args.max_length),
                      ("context_tokens", args.context_tokens)):
@@ -95,8 +165,13 @@ def main(argv=None) -> int:
             neural_kwargs[key] = val
     if args.lora:
         neural_kwargs["lora"] = True
-    real = _load(args.real, args.format, "real")
-    sim = _load(args.simulated, args.format, "simulated")
+    if args.judge:
+        return run_judge(args)
+    if args.level == "conversation":
+        real, sim = conversation_level(args)
+    else:
+        real = _load(args.real, args.format, "real")
+        sim = _load(args.simulated, args.format, "simulated")
     log = None if args.quiet else (lambda msg: print(f"[td] {msg}", file=sys.stderr, flush=True))
     t0 = time.perf_counter()
     report = measure_td(
@@ -104,7 +179,7 @@ def main(argv=None) -> int:
         neural_kwargs=neural_kwargs, progress=log,
     )
     report["seconds"] = round(time.perf_counter() - t0, 2)
-    report["inputs"] = {"real": str(args.real), "simulated": str(args.simulated)}
+    report["inputs"] = {"real": str(args.real), "simulated": str(args.simulated), "level": args.level}
     if "neural" in detectors:
         report["neural_settings"] = {**NEURAL_PANEL_DEFAULTS, **neural_kwargs}
     out = Path(args.out)

@@ -1,4 +1,4 @@
-"""`NeuralDiscriminator`: a sequence classifier over the pair (context tail, user turn).
+"""`NeuralDetector`: a sequence classifier over the pair (context tail, user turn).
 
 Input: the context rendered as `role: content` lines, truncated from the LEFT to `context_tokens` tokens (the end of the
 context, i.e. the message the user answers, matters most), paired with the user turn, truncated from the right so the
@@ -64,7 +64,7 @@ class _class_or_instance:
         return functools.partial(self.fn, obj if obj is not None else owner)
 
 
-class NeuralDiscriminator:
+class NeuralDetector:
     name = "neural"
 
     def __init__(
@@ -125,7 +125,7 @@ class NeuralDiscriminator:
     # construction
 
     def config(self) -> dict[str, Any]:
-        """The constructor arguments: `NeuralDiscriminator(**d.config())` builds the same (untrained) detector."""
+        """The constructor arguments: `NeuralDetector(**d.config())` builds the same (untrained) detector."""
         return {
             "backbone": self.backbone,
             "max_length": self.max_length,
@@ -283,7 +283,7 @@ class NeuralDiscriminator:
 
     def fit(
         self, items: Sequence[TurnRecord], labels, epochs: int | None = None, calibrate: bool = True
-    ) -> "NeuralDiscriminator":
+    ) -> "NeuralDetector":
         """`epochs` passes of shuffled minibatches of `batch_size`, one `update` each, then (by default) `calibrate` on
         up to 512 of the same items. Losses land in `self.history`."""
         y = check_labels(items, labels)
@@ -321,7 +321,7 @@ class NeuralDiscriminator:
         self.offset = float(b)
         return self.offset
 
-    def freeze(self) -> "NeuralDiscriminator":
+    def freeze(self) -> "NeuralDetector":
         """Eval mode, no gradients, `update` refused: the judge that a reward reads."""
         self.model.eval()
         for _, p in self._trainable:
@@ -387,7 +387,7 @@ class NeuralDiscriminator:
             "offset": self.offset,
         }
 
-    def load_state_dict(self, sd: dict[str, Any]) -> "NeuralDiscriminator":
+    def load_state_dict(self, sd: dict[str, Any]) -> "NeuralDetector":
         ours, theirs = self.config(), sd.get("config", {})
         for key in ("backbone", "lora", "max_length", "context_tokens"):
             if key in theirs and theirs[key] != ours[key]:
@@ -420,8 +420,8 @@ class NeuralDiscriminator:
         return d
 
     @_class_or_instance
-    def load(cls_or_self, directory: str | Path, device: str | None = None) -> "NeuralDiscriminator":
-        """`NeuralDiscriminator.load(dir)` builds the saved detector; `det.load(dir)` loads into `det` in place (its
+    def load(cls_or_self, directory: str | Path, device: str | None = None) -> "NeuralDetector":
+        """`NeuralDetector.load(dir)` builds the saved detector; `det.load(dir)` loads into `det` in place (its
         backbone and shape settings must match) and returns it."""
         from safetensors.torch import load_file
 
@@ -432,7 +432,7 @@ class NeuralDiscriminator:
         meta = json.loads(meta_path.read_text())
         if meta.get("version") != STATE_VERSION:
             raise DataError(f"saved with state version {meta.get('version')}, this code reads {STATE_VERSION}", str(d))
-        det = cls_or_self if isinstance(cls_or_self, NeuralDiscriminator) else cls_or_self(**meta["config"], device=device)
+        det = cls_or_self if isinstance(cls_or_self, NeuralDetector) else cls_or_self(**meta["config"], device=device)
         opt = torch.load(d / "optimizer.pt", map_location="cpu", weights_only=True) if (d / "optimizer.pt").exists() else None
         sd = {
             "config": meta["config"],
@@ -451,5 +451,5 @@ class NeuralDiscriminator:
 
     def __repr__(self) -> str:
         t, n = self.n_parameters()
-        return f"NeuralDiscriminator({self.backbone!r}, trainable={t:,}/{n:,}, step={self.step})"
+        return f"NeuralDetector({self.backbone!r}, trainable={t:,}/{n:,}, step={self.step})"
 

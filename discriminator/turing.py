@@ -33,21 +33,21 @@ NEURAL_PANEL_DEFAULTS = {"max_length": 128, "context_tokens": 48, "lr": 5e-5, "b
 
 
 def _classical(**kw):
-    from discriminator.classical import ClassicalDiscriminator
+    from discriminator.classical import ClassicalDetector
 
-    return ClassicalDiscriminator(**kw)
+    return ClassicalDetector(**kw)
 
 
 def _style(**kw):
-    from discriminator.classical import StyleDiscriminator
+    from discriminator.classical import StyleDetector
 
-    return StyleDiscriminator(**kw)
+    return StyleDetector(**kw)
 
 
 def _neural(**kw):
-    from discriminator.neural import NeuralDiscriminator
+    from discriminator.neural import NeuralDetector
 
-    return NeuralDiscriminator(**kw)
+    return NeuralDetector(**kw)
 
 
 _REGISTRY: dict[str, Callable[..., Any]] = {"classical": _classical, "style": _style, "neural": _neural}

@@ -81,10 +81,11 @@ class OpenAIAssistant:
 
 
 class ReplayAssistant:
-    """The real assistant's replies, in order, from the conversations the simulation started from: reply k of a
-    conversation answers its simulated user turn k (the real user's turn k is not shown to the simulator). Past the
-    real conversation's last reply there is nothing to replay: `respond` returns None for it and the simulation stops
-    that conversation (stop reason `replay_exhausted`)."""
+    """The real assistant's replies, in order, from the conversations the simulation started from. The simulation's
+    seed is a conversation's first `start_user_turns` real user turns (without their replies): the first replay
+    answers the last seed turn, the next ones the simulated turns after it. Past the real conversation's last reply
+    there is nothing to replay: `respond` returns None for it and the simulation stops that conversation (stop reason
+    `replay_exhausted`)."""
 
     def __init__(self, replies: dict[str, list[str]]):
         self.replies = {k: list(v) for k, v in replies.items()}
@@ -92,14 +93,14 @@ class ReplayAssistant:
 
     @classmethod
     def from_conversations(cls, conversations, start_user_turns: int = 0) -> "ReplayAssistant":
-        """Replies of each conversation after its first `start_user_turns` user turns (those are the seed)."""
+        """Each conversation's replies from the one to its `start_user_turns`-th user turn on (all with 0)."""
         out = {}
         for conv in conversations:
             seen, replies = 0, []
             for m in conv.messages:
                 if m["role"] == "user":
                     seen += 1
-                elif m["role"] == "assistant" and seen > start_user_turns:
+                elif m["role"] == "assistant" and seen >= max(1, start_user_turns):
                     replies.append(m["content"])
             out[conv.id] = replies
         return cls(out)

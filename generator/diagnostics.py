@@ -208,3 +208,120 @@ def realism_diagnostics(sim_records: Sequence[TurnRecord], real_records: Sequenc
 def jsonable(metrics: dict[str, Any]) -> dict[str, Any]:
     """NaN becomes None (JSON has no NaN)."""
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# whole conversations (UserLM's suite, "Flipping the Dialogue", in our own code)
+
+_WORD = re.compile(r"[a-z0-9']+")
+_STOP = set("a an the and or of to in on for with at by from is are was were be been it this that these those i you "
+            "me my your we our he she they them his her their what which who how when where why can could would should "
+            "will do does did not no yes so if but as about into than then there here just also very please want need "
+            "like get".split())
+
+
+
+
+def _words(text: str) -> list[str]:
+    return _WORD.findall(text.lower())
+
+
+def _ngrams(words: list[str], n: int) -> set[tuple]:
+    return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
+
+
+def repetition(turns: Sequence[str], n: int = 3) -> float:
+    """The largest share of a later user turn's word n-grams that an earlier turn of the same conversation already
+    had (0: every turn new; 1: a turn repeated)."""
+    grams = [_ngrams(_words(t), n) for t in turns]
+    worst = 0.0
+    for j in range(1, len(grams)):
+        if not grams[j]:
+            continue
+        earlier = set().union(*grams[:j])
+        worst = max(worst, len(grams[j] & earlier) / len(grams[j]))
+    return worst
+
+
+def answers_own_question(turn: str) -> bool:
+    """A user turn that asks a question and then answers it itself ("What is X? X is ..."), a role slip: after the
+    last question mark comes a statement of 40+ characters, with no question of its own, that repeats at least half
+    of the question's content words."""
+    text = turn.strip()
+    i = text.rfind("?")
+    if i < 0:
+        return False
+    question, rest = text[: i + 1], text[i + 1 :].strip()
+    if len(rest) < 40 or "?" in rest:
+        return False
+    start = max(question.rfind(c, 0, len(question) - 1) for c in ".!\n") + 1
+    want = {w for w in _words(question[start:]) if w not in _STOP and len(w) > 2}
+    return bool(want) and len(want & set(_words(rest))) >= max(1, len(want) / 2)
+
+
+def goal_adherence(goal: str | None, turns: Sequence[str]) -> float | None:
+    """Share of the goal's content words that the user side mentions (None without a goal)."""
+    if not goal:
+        return None
+    want = {w for w in _words(goal) if w not in _STOP and len(w) > 2}
+    if not want:
+        return None
+    said = set(_words(" ".join(turns)))
+    return len(want & said) / len(want)
+
+
+def termination_scores(pairs: Sequence[tuple[list[bool], int]]) -> dict[str, float]:
+    """Precision / recall / F1 of "ends here" over simulated user turns: `pairs` holds, per conversation, the
+    simulator's end flags for its turns 1..k and the real conversation's number of user turns (its user stopped after
+    that one); a turn's real label is True when it is the real conversation's last."""
+    tp = fp = fn = 0
+    for ends, real_len in pairs:
+        for i, e in enumerate(ends, start=1):
+            real_end = i == real_len
+            tp += e and real_end
+            fp += e and not real_end
+            fn += (not e) and real_end
+    p = tp / (tp + fp) if tp + fp else math.nan
+    r = tp / (tp + fn) if tp + fn else math.nan
+    f1 = 2 * p * r / (p + r) if p == p and r == r and p + r else math.nan
+    return {"termination_precision": p, "termination_recall": r, "termination_f1": f1, "termination_support": tp + fn}
+
+
+def conversation_diagnostics(simulated: Sequence, real: Sequence[Conversation], seed_user_turns: int = 0) -> dict[str, Any]:
+    """The conversation-level diagnostics of simulated conversations (`generator.dialogue.SimulatedConversation`s,
+    their ids those of the real conversations they started from) against the real ones."""
+    by_id = {str(c.id): c for c in real}
+    sim_turns = [[m["content"] for m in s.messages if m["role"] == "user"][seed_user_turns:] for s in simulated]
+    real_turns = [[m["content"] for m in c.messages if m["role"] == "user"][seed_user_turns:] for c in real]
+    pairs = []
+    for s in simulated:
+        r = by_id.get(str(s.id))
+        if r is None:
+            continue
+        k = sum(m["role"] == "user" for m in s.messages) - seed_user_turns
+        ends = [False] * k
+        if s.ended and k:
+            ends[-1] = True
+        pairs.append((ends, sum(m["role"] == "user" for m in r.messages) - seed_user_turns))
+    flat = [t for ts in sim_turns for t in ts]
+    n = max(len(flat), 1)
+
+    def mean(xs):
+        xs = [x for x in xs if x is not None]
+        return sum(xs) / len(xs) if xs else math.nan
+
+    out = {
+        "conversations": len(simulated),
+        "turns_per_conversation": mean([len(t) for t in sim_turns]),
+        "real_turns_per_conversation": mean([len(t) for t in real_turns]),
+        "end_rate": mean([float(s.ended) for s in simulated]),
+        "first_turn_diversity": first_turn_diversity([t[0] for t in sim_turns if t]) if seed_user_turns == 0 else None,
+        "real_first_turn_diversity": first_turn_diversity([t[0] for t in real_turns if t]) if seed_user_turns == 0 else None,
+        "assistant_like_turns": sum(assistant_likeness_score(t) >= ASSISTANT_THRESHOLD for t in flat) / n,
+        "self_answering_turns": sum(answers_own_question(t) for t in flat) / n,
+        "repetition": mean([repetition(t) for t in sim_turns if len(t) > 1]),
+        "real_repetition": mean([repetition(t) for t in real_turns if len(t) > 1]),
+        "goal_adherence": mean([goal_adherence(getattr(s, "goal", None), t) for s, t in zip(simulated, sim_turns)]),
+    }
+    out.update(termination_scores(pairs))
+    return out

@@ -58,9 +58,12 @@ def simulate_conversations(
     seed: int = 0,
     respond_to_last: bool = True,
     progress: Callable[[int, int], None] | None = None,
+    turns_fn: Callable | None = None,
 ) -> list[SimulatedConversation]:
     """Simulate conversations from `contexts` (seed messages, possibly empty; a seed that ends with a user message
-    is first answered by the assistant) or from `n` empty ones. `progress(round, live)` is called each round."""
+    is first answered by the assistant) or from `n` empty ones. `progress(round, live)` is called each round.
+    `turns_fn(contexts, goals, personas, seed) -> [SimulatedTurn]` writes the user turns instead of `engine` (an
+    endpoint simulator)."""
     if contexts is None:
         if n is None:
             raise ValueError("give either n or contexts")
@@ -78,9 +81,9 @@ def simulate_conversations(
             break
         if progress is not None:
             progress(turn, len(active))
-        turns = user_turns(engine, [convs[i].messages for i in active], settings,
-                           goals=[goals_l[i] for i in active], personas=[personas_l[i] for i in active],
-                           seed=seed + turn)
+        ctx, g, p = [convs[i].messages for i in active], [goals_l[i] for i in active], [personas_l[i] for i in active]
+        turns = (turns_fn(ctx, g, p, seed + turn) if turns_fn is not None else
+                 user_turns(engine, ctx, settings, goals=g, personas=p, seed=seed + turn))
         answer, still = [], []
         for i, t in zip(active, turns):
             c = convs[i]

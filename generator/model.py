@@ -38,15 +38,17 @@ class LoraSettings:
             raise ConfigError(f"LoRA dropout must be in [0, 1), got {self.dropout}")
 
     def to_peft(self):
-        from peft import LoraConfig
+        return lora_config(self.r, self.alpha, self.dropout, self.target_modules)
 
-        return LoraConfig(
-            r=self.r,
-            lora_alpha=self.alpha,
-            lora_dropout=self.dropout,
-            target_modules=self.target_modules,
-            task_type="CAUSAL_LM",
-        )
+
+def lora_config(r: int, alpha: int, dropout: float = 0.0, target_modules="all-linear"):
+    """The one place a causal-LM LoRA config is built (every linear layer but the output head by default); None for
+    r = 0 (every parameter trains)."""
+    if r <= 0:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, task_type="CAUSAL_LM")
 
 
 def pick_device(device: str | None = None) -> str:
@@ -135,9 +137,14 @@ def load_generator(
     base_path = resolve_model(adapter_base) if adapter_base else path
     tok_path = path if (Path(path) / "tokenizer_config.json").exists() else base_path
 
-    tokenizer = load_tokenizer(tok_path, trust_remote_code)
-    with whole_weights():  # under ZeRO-3 the trainer's `prepare` partitions it, not the load
-        model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+    from conversations.assets import load_error
+
+    try:
+        tokenizer = load_tokenizer(tok_path, trust_remote_code)
+        with whole_weights():  # under ZeRO-3 the trainer's `prepare` partitions it, not the load
+            model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:  # no network, no such repo, a folder that is not a causal LM
+        raise load_error("model", str(name_or_path), e) from None
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     if getattr(model.config, "pad_token_id", None) is None:

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-PROMPT_FORMAT_VERSION = "1"
+# 2: a shorter system prompt (38 tokens instead of 71 with SmolLM2's tokenizer) and opening message (4 instead of 10):
+# the fixed text is paid in every SFT, GRPO and generation step; version-1 simulators are still loadable
+PROMPT_FORMAT_VERSION = "2"
 
 # Plain text, not an added special token: it survives any tokenizer, needs no embedding resize, is kept by
 # `decode(skip_special_tokens=True)`, and an exported adapter needs nothing beyond the base model's vocabulary.
@@ -24,15 +26,14 @@ END_MARKER = "<|endconversation|>"
 END_SEPARATOR = "\n"
 
 DEFAULT_SYSTEM_PROMPT = (
-    "You are a human user chatting with an AI assistant. Write the user's next message: what a real person would "
-    "type, in their own words, tone and length. You are not the assistant: do not answer your own questions or offer "
-    f"help. If this message is the last one you would send, end it with {END_MARKER}"
+    "You are the human user talking to an AI assistant. Write your next message as you would type it. If it is your "
+    f"last message, end it with {END_MARKER}"
 )
 
 # First `user` message of the flipped conversation when the real context is empty or opens with a user turn: chat
 # templates that insist on user/assistant alternation (Mistral, Gemma) then accept the flipped conversation, and the
 # simulator has something to answer on the very first turn.
-OPENING_MESSAGE = "[You are now chatting with the AI assistant.]"
+OPENING_MESSAGE = "[chat begins]"
 
 # An original system prompt (instructions to the assistant) is folded into the simulator's system prompt, cut here.
 MAX_FOLDED_SYSTEM_CHARS = 1000

@@ -13,7 +13,6 @@ import pytest
 
 from agent_rl.gyms import get_gym
 from agent_rl.gyms.base import UserRequest
-from agent_rl.serve import make_server
 from agent_rl.users import LMUser, OpenAIUser, load_simulator, short_label
 from generator.engine import SamplingSettings
 from conversations import DataError
@@ -83,73 +82,21 @@ def test_frozen_refuses_a_tampered_export(frozen_dir, tmp_path):
         load_simulator(f"frozen:{bad}", SMALL)
 
 
+def test_frozen_export_defaults_to_the_settings_it_was_measured_with(tmp_path, tiny_lm_path):
+    from adversary.export import export_frozen
+    from generator.model import load_generator
+
+    model, tok = load_generator(tiny_lm_path)
+    recorded = SamplingSettings(max_new_tokens=96, temperature=0.9, top_p=0.9, max_prompt_tokens=144)
+    d = export_frozen(model, tok, tmp_path / "sim", {"base_model": "tiny-random", "sampling": recorded.to_dict()})
+    assert load_simulator(f"frozen:{d}").settings == recorded
+    assert load_simulator(f"frozen:{d}", SMALL).settings == SMALL  # the caller's choice wins
+
+
 def test_unknown_specs_are_refused():
     for spec in ("nope:x", "scripted:chatty", "openai:model-without-url", "hf:"):
         with pytest.raises(DataError):
             load_simulator(spec)
-
-
-@pytest.fixture(scope="module")
-def server(tiny_lm_path):
-    sim = load_simulator(f"hf:{tiny_lm_path}", SamplingSettings(max_new_tokens=6, temperature=0.0))
-    srv = make_server(sim, "127.0.0.1", 0, api_key_env="AGENT_RL_TEST_KEY", model_name="tiny-sim")
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-    srv.batcher.close()
-
-
-def _call(port, path, body=None, key=None):
-    headers = {"Content-Type": "application/json"}
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
-def test_server_answers_a_chat_request_over_loopback(server, monkeypatch):
-    monkeypatch.delenv("AGENT_RL_TEST_KEY", raising=False)
-    assert server.server_address[0] == "127.0.0.1"
-    port = server.server_address[1]
-    body = {
-        "model": "tiny-sim",
-        "messages": [
-            {"role": "system", "content": "You want a hotel near the beach under $120."},
-            {"role": "user", "content": "I need a hotel."},
-            {"role": "assistant", "content": "Which area would you like?"},
-        ],
-        "max_tokens": 4,
-    }
-    status, out = _call(port, "/v1/chat/completions", body)
-    assert status == 200 and out["object"] == "chat.completion"
-    msg = out["choices"][0]["message"]
-    assert msg["role"] == "assistant" and isinstance(msg["content"], str) and msg["content"]
-    status, models = _call(port, "/v1/models")
-    assert status == 200 and models["data"][0]["id"] == "tiny-sim"
-    # the conversation must end with the agent's message: the user answers it
-    status, err = _call(port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
-    assert status == 400 and "agent" in err["error"]["message"]
-    assert _call(port, "/v1/chat/completions", {"messages": "nope"})[0] == 400
-    assert _call(port, "/v1/nothing", {"messages": []})[0] == 404
-
-
-def test_server_requires_the_key_when_set(server, monkeypatch, caplog):
-    port = server.server_address[1]
-    monkeypatch.setenv("AGENT_RL_TEST_KEY", "s3cret-key")
-    body = {"messages": [{"role": "assistant", "content": "Hello! What can I do for you?"}], "max_tokens": 3}
-    with caplog.at_level(logging.INFO):
-        assert _call(port, "/v1/chat/completions", body)[0] == 401
-        assert _call(port, "/v1/chat/completions", body, key="wrong")[0] == 401
-        assert _call(port, "/v1/models")[0] == 401
-        assert _call(port, "/v1/chat/completions", body, key="s3cret-key")[0] == 200
-    assert "s3cret-key" not in caplog.text
 
 
 @pytest.fixture
@@ -198,23 +145,3 @@ def test_openai_user_sends_role_flipped_messages_with_the_key(fake_openai, monke
         assert msgs[0]["role"] == "system" and "reveal a detail only when" in msgs[0]["content"].lower()
         assert msgs[-1] == {"role": "user", "content": "What is your budget?"}
         assert {"role": "assistant", "content": reqs[0].context[0]["content"]} in msgs
-
-
-def test_server_batches_concurrent_requests(server, monkeypatch):
-    monkeypatch.delenv("AGENT_RL_TEST_KEY", raising=False)
-    port = server.server_address[1]
-    before = server.batcher.batches
-    body = {"messages": [{"role": "assistant", "content": "Hi, how can I help?"}], "max_tokens": 3}
-    out = []
-    threads = [threading.Thread(target=lambda: out.append(_call(port, "/v1/chat/completions", body)))
-               for _ in range(4)]
-    server.batcher.wait_s = 0.5  # a wide window so that the four land in one batch even on a busy machine
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        server.batcher.wait_s = 0.01
-    assert [s for s, _ in out] == [200] * 4
-    assert server.batcher.batches - before < 4

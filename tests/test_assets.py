@@ -69,7 +69,7 @@ def test_models_never_wrapped_by_deepspeed_load_whole_under_zero3(tiny_lm_path):
     the generator loader, the discriminator and the frozen-export loader load whole weights instead."""
     from transformers.integrations import deepspeed as hf_ds
 
-    from discriminator.neural import NeuralDiscriminator
+    from discriminator.neural import NeuralDetector
     from generator.model import load_generator
 
     class Zero3Config:
@@ -83,6 +83,6 @@ def test_models_never_wrapped_by_deepspeed_load_whole_under_zero3(tiny_lm_path):
             AutoModelForCausalLM.from_pretrained(tiny_lm_path)
         model, _ = load_generator("tiny-random")
         assert all(p.numel() > 0 for p in model.parameters())  # whole, not partitioned
-        NeuralDiscriminator("tiny-random-encoder")
+        NeuralDetector("tiny-random-encoder")
     finally:
         hf_ds.unset_hf_deepspeed_config()

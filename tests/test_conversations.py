@@ -207,3 +207,14 @@ def test_embedded_sharegpt_corpus():
     assert len(info.fingerprint) == 64
     splits = split_conversations(convs)
     assert not ({c.split_key for c in splits["train"]} & {c.split_key for c in splits["test"]})
+
+
+def test_jsonl_with_unicode_line_separators_in_strings_round_trips(tmp_path):
+    """write_jsonl keeps non-ASCII as is; U+2028, U+0085 and U+001C inside a string are not line breaks of the file."""
+    from conversations import Conversation, load_conversations, write_jsonl
+
+    text = "first\u2028second\x85third\x1cfourth"
+    write_jsonl(tmp_path / "c.jsonl", [Conversation(id="a", messages=[{"role": "user", "content": text},
+                                                                      {"role": "assistant", "content": "ok"}])])
+    convs, _ = load_conversations(str(tmp_path / "c.jsonl"))
+    assert len(convs) == 1 and convs[0].messages[0]["content"] == text

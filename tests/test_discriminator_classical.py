@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from conversations import DataError, TurnRecord
-from discriminator.classical import ClassicalDiscriminator, StyleDiscriminator
+from discriminator.classical import ClassicalDetector, StyleDetector
 from discriminator.controls import real_halves, templated
 from discriminator.features import STYLE_FEATURES, normalise_turn_text, render_context, style_features
 
@@ -40,7 +40,7 @@ def test_render_context_keeps_the_tail():
     assert normalise_turn_text("  Hello\n  World ") == "hello world"
 
 
-@pytest.mark.parametrize("cls", [ClassicalDiscriminator, StyleDiscriminator])
+@pytest.mark.parametrize("cls", [ClassicalDetector, StyleDetector])
 def test_detector_separates_templated(cls, data):
     real, sim, _ = data
     det = cls(seed=0).fit(real[:50] + sim[:50], [1] * 50 + [0] * 50)
@@ -53,7 +53,7 @@ def test_detector_separates_templated(cls, data):
     np.testing.assert_array_equal(s, s2)
 
 
-@pytest.mark.parametrize("cls", [ClassicalDiscriminator, StyleDiscriminator])
+@pytest.mark.parametrize("cls", [ClassicalDetector, StyleDetector])
 def test_detector_errors(cls, data):
     real, _, _ = data
     with pytest.raises(RuntimeError, match="not fitted"):

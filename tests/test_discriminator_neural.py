@@ -1,4 +1,4 @@
-"""NeuralDiscriminator on the tiny random encoder (seconds per test); one slow test on the real MiniLM-L6."""
+"""NeuralDetector on the tiny random encoder (seconds per test); one slow test on the real MiniLM-L6."""
 
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ from sklearn.metrics import roc_auc_score
 
 from conversations import DataError, TurnRecord
 from discriminator.controls import real_halves, templated
-from discriminator.neural import NeuralDiscriminator
+from discriminator.neural import NeuralDetector
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -28,7 +28,7 @@ def data():
 
 def tiny(path, **kw):
     kw = {"max_length": 64, "context_tokens": 24, "batch_size": 8, "lr": 1e-3, **kw}
-    return NeuralDiscriminator(path, **kw)
+    return NeuralDetector(path, **kw)
 
 
 def batch(data, n=8):
@@ -107,7 +107,7 @@ def test_save_load_round_trip(tiny_encoder_path, data, tmp_path):
     a.fit(*batch(data, n=16), epochs=1)
     a.save(tmp_path / "disc")
     assert (tmp_path / "disc" / "model.safetensors").exists()
-    b = NeuralDiscriminator.load(tmp_path / "disc")
+    b = NeuralDetector.load(tmp_path / "disc")
     items = data[2][:10]
     np.testing.assert_allclose(a.score(items), b.score(items), atol=1e-6)
     assert b.step == a.step
@@ -115,7 +115,7 @@ def test_save_load_round_trip(tiny_encoder_path, data, tmp_path):
     assert a.update(*nb) == b.update(*nb)
     c = tiny(tiny_encoder_path)
     assert c.load(tmp_path / "disc") is c  # on an instance: in place
-    np.testing.assert_allclose(c.score(items), NeuralDiscriminator.load(tmp_path / "disc").score(items), atol=1e-6)
+    np.testing.assert_allclose(c.score(items), NeuralDetector.load(tmp_path / "disc").score(items), atol=1e-6)
 
 
 def test_lora_trains_adapters_and_head_only(tiny_encoder_path, data, tmp_path):
@@ -128,7 +128,7 @@ def test_lora_trains_adapters_and_head_only(tiny_encoder_path, data, tmp_path):
     d.update(*batch(data))
     assert all(not torch.equal(before[n], p) for n, p in d.trainable_parameters().items())
     d.save(tmp_path / "lora")
-    e = NeuralDiscriminator.load(tmp_path / "lora")
+    e = NeuralDetector.load(tmp_path / "lora")
     np.testing.assert_allclose(d.score(data[2][:6]), e.score(data[2][:6]), atol=1e-6)
 
 
@@ -179,7 +179,7 @@ def test_freeze_and_bad_labels(tiny_encoder_path, data):
 def test_minilm_catches_templated_turns():
     real, _ = real_halves(90, seed=6)
     sim = templated(real)
-    d = NeuralDiscriminator("minilm-l6", max_length=96, context_tokens=32, lr=1e-4, batch_size=16)
+    d = NeuralDetector("minilm-l6", max_length=96, context_tokens=32, lr=1e-4, batch_size=16)
     d.fit(real[:60] + sim[:60], [1] * 60 + [0] * 60, epochs=1)  # 8 steps
     s = d.score(real[60:] + sim[60:])
     y = np.array([1] * 30 + [0] * 30)

@@ -57,7 +57,7 @@ def test_original_system_prompt_is_folded_persona_and_goal():
     )
     assert all("pirate" not in x["content"] for x in msgs[1:])
     assert system_prompt_for() == DEFAULT_SYSTEM_PROMPT
-    assert END_MARKER in DEFAULT_SYSTEM_PROMPT and PROMPT_FORMAT_VERSION == "1"
+    assert END_MARKER in DEFAULT_SYSTEM_PROMPT and PROMPT_FORMAT_VERSION == "2"
 
 
 def test_consecutive_same_role_messages_are_joined():

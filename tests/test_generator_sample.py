@@ -147,7 +147,7 @@ def test_replay_assistant_gives_the_real_replies_then_stops_the_conversation(tin
                                            {"role": "user", "content": "u2"}, {"role": "assistant", "content": "A2"}])
     replay = ReplayAssistant.from_conversations([real], start_user_turns=1)
     (conv,) = simulate_conversations(_engine(tiny), replay, SamplingSettings(max_new_tokens=3),
-                                     contexts=[real.messages[:2]], ids=["r1"], max_turns=4)
+                                     contexts=[real.messages[:1]], ids=["r1"], max_turns=4)
     assert [m["content"] for m in conv.messages if m["role"] == "assistant"] == ["A1", "A2"]
     assert conv.user_turns == 2 and conv.meta["stop"] == "replay_exhausted"
 

@@ -9,7 +9,7 @@ import torch
 from conversations import TurnRecord
 from conversations.config import ConfigError
 from generator.model import LoraSettings, load_generator
-from generator.prompts import END_MARKER, fit_messages
+from generator.prompts import END_MARKER, PROMPT_FORMAT_VERSION, fit_messages
 from generator.sft import (
     SFTArgs,
     build_sft_dataset,
@@ -74,8 +74,8 @@ def test_long_turns_shrink_the_prompt_not_the_turn(tok):
     ids, mask = encode_example(tok, sft_example(rec, tok, max_context_tokens=150, max_length=200))
     assert len(ids) <= 200
     assert tok.decode([t for t, k in zip(ids, mask) if k]) == "word " * 59 + "word\n" + END_MARKER + "<|im_end|>\n"
-    # the system prompt alone leaves no room within 160 tokens: left out, never cut
-    examples, dropped = sft_examples([rec, RECORDS[0]], tok, max_context_tokens=120, max_length=160)
+    # the system prompt alone leaves no room within 110 tokens: left out, never cut
+    examples, dropped = sft_examples([rec, RECORDS[0]], tok, max_context_tokens=100, max_length=110)
     assert dropped == 1 and len(examples) == 1
 
 
@@ -133,7 +133,7 @@ def test_sft_cli_end_to_end(tmp_path, capsys):
     assert metrics["train_steps"] == 2 and metrics["n_train"] == 4 and metrics["n_eval"] == 4
     assert math.isfinite(metrics["ppl_before"]) and math.isfinite(metrics["ppl_after"])
     info = json.loads((tmp_path / "out" / "merged" / "generator_info.json").read_text())
-    assert info["prompt_format_version"] == "1" and info["end_marker"] == END_MARKER
+    assert info["prompt_format_version"] == PROMPT_FORMAT_VERSION and info["end_marker"] == END_MARKER
     # both saved forms load as a generator: the merged model, and the adapter on its base
     for d in (metrics["merged_dir"], metrics["adapter_dir"]):
         m, t = load_generator(d)

@@ -109,12 +109,13 @@ def test_cpu_presets_leave_no_default_values_warning(tmp_path):
         assert r.stdout.count("ok") == CPU_PRESETS[name], (name, r.stdout)
 
 
-def test_mimesis_9b_parses_with_the_job_parser():
+def test_mimesis_9b_parses_with_the_job_parser(monkeypatch):
     """Every key of the 9B preset is checked by the job's parser; its `bf16: true` sets the run's precision (on a
     CPU too: trainer configs default to use_cpu there), and `--bf16 false` turns it to fp32."""
     from adversary.train import parse_args
     from conversations.config import ConfigError
 
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # the 9B model is a hub id: fine where the hub can serve it
     cfg, args = parse_args(["--config", str(ROOT / "configs" / "mimesis-9b.yaml")])
     assert cfg.dtype == "bf16" and args.bf16 and args.mixed_precision == "bf16"
     cfg, args = parse_args(["--config", str(ROOT / "configs" / "mimesis-9b.yaml"), "--bf16", "false"])
@@ -125,17 +126,20 @@ def test_mimesis_9b_parses_with_the_job_parser():
     assert (args.per_device_train_batch_size * args.gradient_accumulation_steps) % args.num_generations == 0
     raw = yaml.safe_load((ROOT / "configs" / "mimesis-9b.yaml").read_text())
     assert raw["bf16"] is True
+    cfg, args = parse_args(["--config", str(ROOT / "configs" / "mimesis-9b.yaml"), "--dtype", "fp32"])
+    assert cfg.dtype == "fp32" and not args.bf16  # the command line over the preset
     with pytest.raises(ConfigError, match="contradicts"):
-        parse_args(["--config", str(ROOT / "configs" / "mimesis-9b.yaml"), "--dtype", "fp32"])
+        parse_args(["--config", str(ROOT / "configs" / "mimesis-9b.yaml"), "--dtype", "fp32", "--bf16", "true"])
 
 
-def test_parsing_the_9b_preset_imports_neither_engine():
+def test_parsing_the_9b_preset_imports_neither_engine(monkeypatch):
     """Neither vLLM nor DeepSpeed is a dependency of the CPU path: the job parses the 9B preset without importing
     them (TRL imports vLLM only when the trainer is built with use_vllm)."""
     import sys
 
     from adversary.train import parse_args
 
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     before = {m for m in ("vllm", "deepspeed") if m in sys.modules}
     parse_args(["--config", str(ROOT / "configs" / "mimesis-9b.yaml"), "--bf16", "false"])
     assert {m for m in ("vllm", "deepspeed") if m in sys.modules} == before

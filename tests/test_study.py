@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from adversary.study import _panel_td, paired_differences
 
@@ -34,23 +35,51 @@ def test_paired_differences_sign_and_ci():
     assert d["td_difference"] == -50.0 and d["ci95"][1] < 0 and d["share_of_resamples_a_lower"] == 1.0
 
 
+def test_arm_specs_parse_and_override_typed_fields():
+    from adversary.config import AdversaryConfig
+    from adversary.study import arm_config, parse_arm
+    from conversations.config import ConfigError
+
+    assert parse_arm("dpo_real:objective=dpo_rounds,round_chosen=real, dpo_beta=0.2") == (
+        "dpo_real", {"objective": "dpo_rounds", "round_chosen": "real", "dpo_beta": "0.2"})
+    assert parse_arm("sft") == ("sft", {})
+
+    class Args:
+        learning_rate = 1e-4
+
+    cfg, args = arm_config(AdversaryConfig(), Args(), {"dpo_beta": "0.2", "round_samples": "6", "learning_rate": "5e-5"})
+    assert cfg.dpo_beta == 0.2 and cfg.round_samples == 6 and args.learning_rate == 5e-5
+    for bad in ({"nope": "1"}, {"objective": "ppo"}):
+        with pytest.raises(ConfigError):
+            arm_config(AdversaryConfig(), Args(), bad)
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_arm("x:dpo_beta")
+
+
 def test_study_smoke(tmp_path):
+    """The warm start with its plateau curve, three arms at equal wall time (GRPO, DPO rounds, SFT), the temperature
+    chosen on validation contexts, every arm scored on the same test contexts."""
     out = tmp_path / "study"
     cmd = [sys.executable, "-m", "adversary.study", "--config", str(ROOT / "configs" / "smoke.yaml"), "--out", str(out),
-           "--arms", "adversarial", "sft", "--study_contexts", "24", "--study_detectors", "classical", "style",
-           "--study_folds", "3", "--n_boot", "100", "--max_steps", "2"]
+           "--arms", "grpo", "dpo:objective=dpo_rounds,round_chosen=real,round_contexts=8,dpo_batch_size=4,dpo_micro_batch=2",
+           "sft", "--arm_seconds", "6", "--study_contexts", "24", "--val_contexts", "24", "--temperatures", "0.8", "1.0",
+           "--study_detectors", "classical", "style", "--study_folds", "3", "--n_boot", "100", "--plateau_steps", "4",
+           "--plateau_eval_every", "2"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     study = json.loads((out / "study.json").read_text())
-    assert set(study["arms"]) == {"warmstart", "adversarial", "sft"}
-    assert study["arms"]["adversarial"]["steps"] == study["arms"]["sft"]["steps"] == 2
-    for arm in ("adversarial", "sft", "warmstart"):
+    assert set(study["arms"]) == {"warmstart", "grpo", "dpo", "sft"}
+    assert [p["step"] for p in study["plateau"]] == [2, 4] and all(p["val_ppl"] > 1 for p in study["plateau"])
+    for arm in ("grpo", "dpo", "sft"):
+        a = study["arms"][arm]
+        assert a["steps"] >= 1 and 6 <= a["train_wall_seconds"] < 60, (arm, a["steps"], a["train_wall_seconds"])
+    for arm in ("grpo", "dpo", "sft", "warmstart"):
         a = study["arms"][arm]
         assert 0 <= a["td_ci95"][0] <= a["td"] <= a["td_ci95"][1] <= 50
+        assert a["temperature"] in (0.8, 1.0) and set(a["val_td_by_temperature"]) == {"0.8", "1.0"}
         assert "len_ratio_median" in a["diagnostics"]
-        lines = (out / "arms" / f"{arm}.jsonl").read_text().splitlines()
-        assert len(lines) == 24
+        assert len((out / "arms" / f"{arm}.jsonl").read_text().splitlines()) == 24
     real_ids = [json.loads(x)["id"] for x in (out / "real.jsonl").read_text().splitlines()]
     assert [json.loads(x)["id"] for x in (out / "arms" / "sft.jsonl").read_text().splitlines()] == real_ids
-    assert "adversarial-sft" in study["differences"] and len(study["differences"]["adversarial-sft"]["ci95"]) == 2
+    assert "grpo-sft" in study["differences"] and len(study["differences"]["dpo-sft"]["ci95"]) == 2
     assert (out / "study.png").stat().st_size > 5000

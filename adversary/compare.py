@@ -1,0 +1,281 @@
+"""Simulators side by side, turn level and conversation level, in one table.
+
+    python -m adversary.compare --simulators hf:smollm2-135m-instruct hf:runs/demo/warmstart/merged \\
+        frozen:runs/demo/frozen [openai:MODEL@URL ...] --out runs/compare [--judge openai:MODEL@URL]
+
+For every simulator, on the same real data (the test split):
+- **turn level**: one simulated turn for each of `--turn_contexts` held-out contexts, scored by the fresh detector
+  panel (`--detectors`), with the realism diagnostics (length ratio, end rate, truncated rate);
+- **conversation level**: `--conversations` real conversations, each continued by the simulator from its first real
+  user turn for up to `--max_turns` user turns against the assistant (`--assistant replay`: the real conversation's
+  own replies, in order, so every simulator meets the same assistant; or hf:MODEL), scored by the same panel on whole
+  conversations (`discriminator.conversation`), with the conversation diagnostics (termination F1 against where the
+  real users stopped, turns per conversation, role and goal adherence, repetition);
+- optionally an LLM judge (`--judge`, the single-conversation protocol).
+Simulators: `hf:MODEL` (a model prompted as a user in the simulator's format: the un-tuned base, a warm start),
+`frozen:DIR` (an export, hashes checked, at the sampling settings it records), `openai:MODEL@URL`.
+Writes OUT/compare.json, OUT/compare.md (the table) and OUT/compare.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from conversations import DataError
+from conversations.cli_util import friendly_errors
+
+
+class EngineSimulator:
+    """A local simulator (hf: or frozen:) behind the two calls the comparison needs."""
+
+    def __init__(self, spec: str, precision: str, batch_size: int, settings):
+        from conversations.precision import inference_dtype
+        from generator.engine import Engine, SamplingSettings
+
+        kind, _, rest = spec.partition(":")
+        if kind == "frozen":
+            from adversary.export import load_frozen
+
+            model, tok, manifest = load_frozen(rest, dtype=inference_dtype(precision))
+            settings = SamplingSettings.from_dict(manifest["sampling"]) if manifest.get("sampling") else settings
+        else:
+            from generator.model import load_generator
+
+            model, tok = load_generator(rest, dtype=inference_dtype(precision))
+        self.engine, self.settings, self.spec = Engine(model, tok, batch_size=batch_size, precision=precision), settings, spec
+
+    def turns(self, records, seed: int):
+        from generator.sample import simulate_records
+
+        return simulate_records(self.engine, records, self.settings, seed=seed)
+
+    def conversations(self, assistant, seeds, ids, max_turns: int, seed: int):
+        from generator.dialogue import simulate_conversations
+
+        return simulate_conversations(self.engine, assistant, self.settings, contexts=seeds, ids=ids,
+                                      max_turns=max_turns, seed=seed)
+
+
+class EndpointSimulator:
+    """An OpenAI-compatible model playing the user, sent the simulator's role-flipped messages."""
+
+    def __init__(self, spec: str, settings, max_workers: int = 8):
+        from conversations.openai_client import ChatClient
+
+        model, _, url = spec.partition(":")[2].partition("@")
+        self.client, self.settings, self.spec = ChatClient(url, model, max_workers=max_workers), settings, spec
+
+    def _turns(self, contexts):
+        from generator.prompts import simulator_messages, strip_end_marker
+        from generator.sample import SimulatedTurn
+
+        texts = self.client.complete_many([simulator_messages(c) for c in contexts],
+                                          max_tokens=self.settings.max_new_tokens, temperature=self.settings.temperature)
+        out = []
+        for t in texts:
+            text, ended = strip_end_marker(t)
+            out.append(SimulatedTurn(text=text.strip(), ended=ended, truncated=False))
+        return out
+
+    def turns(self, records, seed: int):
+        from conversations import TurnRecord
+
+        return [TurnRecord(id=r.id, context=r.context, user_turn=t.text, conversation_id=r.conversation_id,
+                           meta={"ended": t.ended, "truncated": t.truncated})
+                for r, t in zip(records, self._turns([r.context for r in records]))]
+
+    def conversations(self, assistant, seeds, ids, max_turns: int, seed: int):
+        from generator.dialogue import simulate_conversations
+
+        return simulate_conversations(None, assistant, self.settings, contexts=seeds, ids=ids, max_turns=max_turns,
+                                      seed=seed, turns_fn=lambda ctx, goals, personas, s: self._turns(ctx))
+
+
+def make_simulator(spec: str, precision: str, batch_size: int, settings):
+    kind = spec.partition(":")[0]
+    if kind in ("hf", "frozen"):
+        return EngineSimulator(spec, precision, batch_size, settings)
+    if kind == "openai":
+        return EndpointSimulator(spec, settings)
+    raise DataError(f"a simulator is hf:MODEL, frozen:DIR or openai:MODEL@URL, got '{spec}'")
+
+
+def label(spec: str) -> str:
+    kind, _, rest = spec.partition(":")
+    if kind in ("hf", "frozen") and "/" in rest:
+        parts = Path(rest).parts
+        return f"{kind}:{'/'.join(parts[-2:])}"
+    return spec if kind != "openai" else f"openai:{rest.partition('@')[0]}"
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(prog="python -m adversary.compare", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--simulators", nargs="+", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--data", default="sharegpt")
+    p.add_argument("--turn_contexts", type=int, default=256)
+    p.add_argument("--conversations", type=int, default=128)
+    p.add_argument("--max_turns", type=int, default=3)
+    p.add_argument("--assistant", default="replay", help="replay (the real replies) or hf:MODEL")
+    p.add_argument("--detectors", nargs="+", default=["classical", "style"])
+    p.add_argument("--folds", type=int, default=5)
+    p.add_argument("--max_new_tokens", type=int, default=96)
+    p.add_argument("--max_prompt_tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--judge", default=None, help="openai:MODEL@URL or hf:MODEL: the single-conversation judge too")
+    p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="auto")
+    a = p.parse_args(argv)
+    for name, low in (("turn_contexts", 20), ("conversations", 20), ("max_turns", 1), ("folds", 2),
+                      ("max_new_tokens", 1), ("max_prompt_tokens", 32), ("batch_size", 1), ("seed", 0)):
+        if getattr(a, name) < low:
+            raise DataError(f"--{name} must be >= {low}, got {getattr(a, name)}")
+    if a.temperature <= 0:
+        raise DataError(f"--temperature must be > 0, got {a.temperature}")
+    for spec in a.simulators:
+        kind, _, rest = spec.partition(":")
+        if kind == "hf":
+            from conversations.assets import check_model_name
+
+            check_model_name(rest, "simulator")
+        elif kind == "frozen" and not (Path(rest) / "simulator.json").exists():
+            raise DataError(f"{rest} is not a frozen export (no simulator.json)")
+        elif kind not in ("hf", "frozen", "openai"):
+            raise DataError(f"a simulator is hf:MODEL, frozen:DIR or openai:MODEL@URL, got '{spec}'")
+    return a
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    names = [r["simulator"] for r in rows]
+    x = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(rows)), 4), dpi=120)
+    for k, (key, lab) in enumerate((("turn", "turn level"), ("conversation", "conversation level"))):
+        v = [r[key]["td"] for r in rows]
+        lo = [r[key]["td"] - r[key]["td_ci95"][0] for r in rows]
+        hi = [r[key]["td_ci95"][1] - r[key]["td"] for r in rows]
+        ax.bar(x + (k - 0.5) * 0.38, v, 0.38, yerr=[lo, hi], capsize=4, label=lab)
+    ax.set_xticks(x, names, fontsize=7, rotation=12)
+    ax.set_ylabel("td (panel max), 95% CI")
+    ax.set_title("simulators: held-out td, turn and conversation level (lower is more human)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| simulator | turn td (95% CI) | conversation td (95% CI) | termination F1 | ends / real | turns / real "
+            "| length ratio | assistant-like | repetition |" + (" judge td |" if rows and "judge" in rows[0] else ""))
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        t, c, d = r["turn"], r["conversation"], r["conversation"]["diagnostics"]
+        f = lambda v, nd=2: "-" if v is None or v != v else f"{v:.{nd}f}"  # noqa: E731
+        line = (f"| {r['simulator']} | {t['td']:.1f} ({t['td_ci95'][0]:.1f}-{t['td_ci95'][1]:.1f}) | "
+                f"{c['td']:.1f} ({c['td_ci95'][0]:.1f}-{c['td_ci95'][1]:.1f}) | {f(d['termination_f1'])} | "
+                f"{f(d['end_rate'])} / {f(t['real_end_rate'])} | {f(d['turns_per_conversation'])} / "
+                f"{f(d['real_turns_per_conversation'])} | {f(t['len_ratio_median'])} | {f(d['assistant_like_turns'])} | "
+                f"{f(d['repetition'])} |")
+        if "judge" in r:
+            line += f" {r['judge']['td']:.1f} |"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+@friendly_errors
+def main(argv=None) -> int:
+    a = parse(argv)
+    from adversary.train import quiet_libraries
+    from conversations import write_jsonl
+    from conversations.precision import resolve_precision
+    from conversations.turns import cut_conversations
+    from discriminator.conversation import conversation_items
+    from discriminator.turing import measure_td
+    from generator.assistants import ReplayAssistant
+    from generator.data import load_turns, sample_records
+    from generator.diagnostics import conversation_diagnostics, jsonable, realism_diagnostics
+    from generator.engine import SamplingSettings
+    from generator.simulate import SimulateArgs, make_assistant, real_conversations
+
+    quiet_libraries()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    precision = resolve_precision(a.dtype)
+    settings = SamplingSettings(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=0.95,
+                                max_prompt_tokens=a.max_prompt_tokens)
+    real_turns = sample_records([r for r in load_turns(a.data, "test", max_context_messages=2, max_turn_chars=300)
+                                 if r.user_turn.strip()], a.turn_contexts, seed=a.seed)
+    sim_args = SimulateArgs(model="tiny-random", data=a.data, split="test", limit=a.conversations, seed=a.seed,
+                            conversations=True, max_turns=a.max_turns, assistant=a.assistant, out=str(out / "x"))
+    real_convs = real_conversations(sim_args)
+    cut = cut_conversations(real_convs, 1 + a.max_turns)
+    seeds = [[m for m in c.messages if m["role"] != "system"][:1] for c in real_convs]
+    write_jsonl(out / "real_turns.jsonl", real_turns)
+    write_jsonl(out / "real_conversations.jsonl", cut)
+    real_items = conversation_items(cut, seed_user_turns=1)
+    judge = None
+    if a.judge:
+        from discriminator.judges import judge_single, make_judge
+
+        judge = make_judge(a.judge, cache_dir=out / "judge_cache")
+    rows = []
+    for spec in a.simulators:
+        t0 = time.time()
+        sim = make_simulator(spec, precision, a.batch_size, settings)
+        name = label(spec)
+        print(f"{name}: turn level on {len(real_turns)} contexts", flush=True)
+        sims = sim.turns(real_turns, seed=a.seed)
+        rep = measure_td(real_turns, [s if s.user_turn.strip() else type(s)(id=s.id, context=s.context, user_turn="...",
+                                                                           meta=s.meta) for s in sims],
+                         detectors=tuple(a.detectors), folds=a.folds, seed=a.seed)
+        diag = realism_diagnostics(sims, real_turns)
+        turn = {"td": rep["td"], "td_ci95": rep["td_ci95"], "auc": rep["auc"], "detectors":
+                {k: v["td"] for k, v in rep["detectors"].items()}, "len_ratio_median": diag["len_ratio_median"],
+                "end_rate": diag["end_rate"], "real_end_rate": diag["real_end_rate"],
+                "truncated_rate": diag["truncated_rate"], "end_precision": diag["end_precision"],
+                "end_recall": diag["end_recall"]}
+        print(f"{name}: conversation level on {len(real_convs)} conversations", flush=True)
+        assistant = ReplayAssistant.from_conversations(real_convs, start_user_turns=1) if a.assistant == "replay" \
+            else make_assistant(sim_args, getattr(sim, "engine", None))
+        convs = sim.conversations(assistant, seeds, [c.id for c in real_convs], a.max_turns, a.seed)
+        safe = f"{len(rows):02d}"
+        write_jsonl(out / f"sim_turns_{safe}.jsonl", sims)
+        write_jsonl(out / f"sim_conversations_{safe}.jsonl", [c.to_dict() for c in convs])
+        sim_items = conversation_items([c.to_conversation() for c in convs], seed_user_turns=1, label="@sim")
+        crep = measure_td(real_items, sim_items, detectors=tuple(a.detectors), folds=a.folds, seed=a.seed)
+        conv = {"td": crep["td"], "td_ci95": crep["td_ci95"], "auc": crep["auc"], "detectors":
+                {k: v["td"] for k, v in crep["detectors"].items()},
+                "diagnostics": jsonable(conversation_diagnostics(convs, cut, seed_user_turns=1))}
+        row = {"simulator": name, "spec": spec, "turn": jsonable(turn), "conversation": conv,
+               "files": {"turns": f"sim_turns_{safe}.jsonl", "conversations": f"sim_conversations_{safe}.jsonl"},
+               "seconds": round(time.time() - t0, 1)}
+        if judge is not None:
+            row["judge"] = judge_single(judge, cut, [c.to_conversation() for c in convs], seed=a.seed).to_dict()
+        rows.append(row)
+        print(f"{name}: turn td {turn['td']:.1f}, conversation td {conv['td']:.1f}, termination F1 "
+              f"{conv['diagnostics']['termination_f1']}", flush=True)
+        del sim
+    doc = {"rows": rows, "settings": vars(a), "precision": precision}
+    (out / "compare.json").write_text(json.dumps(doc, indent=2, default=str))
+    (out / "compare.md").write_text(table(rows) + "\n")
+    plot(rows, out / "compare.png")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
