@@ -131,8 +131,12 @@ def cotrain_round(cfg, state, fresh: list, step: int, *, is_main: bool = True) -
     return row
 
 
-def _check_collapse(state, window: int = 20) -> None:
+COLLAPSE_WINDOW = 20  # co-training rounds
+
+
+def _check_collapse(state, window: int | None = None) -> None:
     """A discriminator pinned at 100% (reward saturated) or at 50% (no signal) for many rounds is reported."""
+    window = window or COLLAPSE_WINDOW
     recent = [h["disc/acc"] for h in state.cotrain_history[-window:] if h["disc/acc"] == h["disc/acc"]]
     if state.collapse_reported or len(recent) < window:
         return

@@ -95,6 +95,21 @@ class Discriminator:
             raise DataError("the discriminator is not fitted yet")
         return sum(w[k] * v for k, v in parts.items()) / total
 
+    def fingerprint(self) -> str:
+        """sha256 of the neural weights and the classical member's coefficients: equal on every rank of a run."""
+        import hashlib
+
+        h = hashlib.sha256()
+        if self.neural is not None:
+            for k, v in sorted(self.neural.model.state_dict().items()):
+                h.update(k.encode())
+                h.update(v.detach().cpu().float().contiguous().numpy().tobytes())
+        if self.classical is not None:
+            lr = self.classical._model
+            h.update(np.ascontiguousarray(lr.coef_, dtype=np.float64).tobytes())
+            h.update(np.ascontiguousarray(lr.intercept_, dtype=np.float64).tobytes())
+        return h.hexdigest()
+
     # -------------------------------------------------------------------------------------------------------- state
     def save(self, directory: str | Path) -> Path:
         d = Path(directory)

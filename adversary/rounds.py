@@ -99,6 +99,7 @@ def dpo_config(cfg, args, out: Path):
         gradient_accumulation_steps=cfg.dpo_batch_size // cfg.dpo_micro_batch, learning_rate=cfg.dpo_lr,
         lr_scheduler_type="constant", warmup_steps=0, beta=cfg.dpo_beta, loss_type=loss, loss_weights=weights,
         max_length=cfg.warmstart_max_length + cfg.heldout_max_new_tokens, precompute_ref_log_probs=True,
+        precompute_ref_batch_size=4 * cfg.dpo_micro_batch,  # no gradients: larger batches
         gradient_checkpointing=False, save_strategy="no", report_to="none", logging_steps=1, disable_tqdm=True,
         seed=args.seed, data_seed=args.seed, dataloader_num_workers=0, **trainer_precision_kwargs(cfg.dtype),
     )
@@ -195,11 +196,13 @@ def run_rounds(cfg, args, model, tokenizer, state, data, meter=None, *, resume: 
     stop = False
     if meter is not None and not state.rows:
         stop = evaluate()
+    last_round = 0.0
     while not stop:
         k = state.rounds_done
         left = cfg.phase_seconds - (time.time() - start_time) if cfg.phase_seconds else 0.0
+        # a time budget does not start a round it cannot get half through (sampling and scoring come first)
         if (cfg.max_rounds and k >= cfg.max_rounds) or (args.max_steps > 0 and step >= args.max_steps) or \
-                (cfg.phase_seconds and left <= 0):
+                (cfg.phase_seconds and left <= max(0.0, 0.5 * last_round)):
             break
         t0 = time.time()
         contexts = round_contexts(data, cfg, k, args.seed)
@@ -228,6 +231,7 @@ def run_rounds(cfg, args, model, tokenizer, state, data, meter=None, *, resume: 
                     "round/end_rate": float(np.mean([t.ended for t in turns])), **{k2: v for k2, v in cot.items()
                                                                                   if k2 != "step"}})
         figures.append(fig)
+        last_round = fig["round/seconds"]
         print(f"[round {k}] {fig['round/pairs']} pairs, {dpo_steps} DPO steps (loss {fig['round/dpo_loss']}), "
               f"discriminator acc on fresh {cot['disc/acc']:.3f}, {fig['round/seconds']:.0f}s", flush=True)
         if (k + 1) % cfg.eval_rounds == 0 and (not state.rows or step > state.rows[-1]["step"]):

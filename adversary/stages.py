@@ -90,6 +90,22 @@ def base_model_td(cfg, args, data: RunData) -> dict | None:
 # ------------------------------------------------------------------------------------------------------ 1. warm start
 
 
+def warm_start_config(cfg, args, out: Path, steps: int, seed: int, lr_scheduler_type: str = "cosine", **sft_fields):
+    """(SFTArgs, SFTConfig) of SFT on real user turns with the main job's settings: the warm start, and the study's
+    continued-SFT arm and plateau run (`sft_fields` override SFTArgs fields)."""
+    from generator.sft import SFTArgs, sft_config
+
+    sft_args = SFTArgs(model=cfg.model, lora_r=cfg.lora_r or 16, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                       max_context_messages=cfg.max_context_messages, max_context_tokens=cfg.max_context_tokens,
+                       max_turn_chars=cfg.max_turn_chars, eval_turns=0, save_adapter=False, save_merged=True,
+                       dtype=cfg.dtype, **sft_fields)
+    config = sft_config(output_dir=str(out), max_steps=steps, per_device_train_batch_size=cfg.warmstart_micro_batch,
+                        gradient_accumulation_steps=cfg.warmstart_batch_size // cfg.warmstart_micro_batch,
+                        learning_rate=cfg.warmstart_lr, lr_scheduler_type=lr_scheduler_type,
+                        max_length=cfg.warmstart_max_length, seed=seed, trust_remote_code=args.trust_remote_code)
+    return sft_args, config
+
+
 def warm_start(cfg, args, data: RunData) -> str:
     """SFT on real user turns (loss on the user side only, LoRA), merged into plain weights under
     OUTPUT_DIR/warmstart; reused when already there (a resumed run does not repeat it). Returns the model path."""
@@ -103,32 +119,12 @@ def warm_start(cfg, args, data: RunData) -> str:
         return json.loads((out / "COMPLETE").read_text())["merged_dir"]
     from accelerate import PartialState
 
-    from generator.sft import SFTArgs, run_sft
+    from generator.sft import run_sft
 
     state = PartialState()
     # every rank runs the SFT trainer (data-parallel under accelerate); the main process writes the merged model
-    sft_args = SFTArgs(
-        model=cfg.model,
-        output_dir=str(out),
-        max_steps=cfg.warmstart_steps,
-        per_device_train_batch_size=cfg.warmstart_micro_batch,
-        gradient_accumulation_steps=cfg.warmstart_batch_size // cfg.warmstart_micro_batch,
-        learning_rate=cfg.warmstart_lr,
-        lora_r=cfg.lora_r or 16,
-        lora_alpha=cfg.lora_alpha,
-        lora_dropout=cfg.lora_dropout,
-        max_context_messages=cfg.max_context_messages,
-        max_context_tokens=cfg.max_context_tokens,
-        max_turn_chars=cfg.max_turn_chars,
-        max_length=cfg.warmstart_max_length,
-        seed=args.seed,
-        eval_turns=0,
-        save_adapter=False,
-        save_merged=True,
-        trust_remote_code=args.trust_remote_code,
-        dtype=cfg.dtype,
-    )
-    metrics = run_sft(sft_args, train_records=data.warmstart, eval_records=[])
+    sft_args, config = warm_start_config(cfg, args, out, cfg.warmstart_steps, args.seed)
+    metrics = run_sft(sft_args, config, train_records=data.warmstart, eval_records=[])
     if state.is_main_process:
         (out / "COMPLETE").write_text(json.dumps({"merged_dir": metrics["merged_dir"]}))
         print(f"warm start: {metrics['train_steps']} SFT steps, loss {metrics['train_loss']:.3f} "
@@ -213,19 +209,14 @@ def adversarial_phase(cfg, args, model, tokenizer, state, data, meter, resume) -
 
 
 def check_ranks_identical(disc, ps) -> None:
-    """Under several processes, the sha256 of every rank's discriminator weights is gathered to the main process,
-    which says whether they agree (the co-training keeps them identical by broadcasting after each update)."""
-    if ps.num_processes == 1 or disc.model is None:
+    """Under several processes, every rank's discriminator fingerprint (neural weights, classical coefficients) is
+    gathered, and the main process says whether they agree (the co-training broadcasts the neural member after each
+    update and refits the classical one the same way on every rank)."""
+    if ps.num_processes == 1:
         return
-    import hashlib
-
     from accelerate.utils import gather_object
 
-    h = hashlib.sha256()
-    for k, v in sorted(disc.model.state_dict().items()):
-        h.update(k.encode())
-        h.update(v.detach().cpu().contiguous().numpy().tobytes())
-    digests = set(gather_object([h.hexdigest()]))
+    digests = set(gather_object([disc.fingerprint()]))
     ps.print(f"discriminator identical on {ps.num_processes} ranks: {'yes' if len(digests) == 1 else 'NO'}")
 
 
@@ -273,7 +264,28 @@ def manifest(cfg, args, data: RunData, state, start_model: str, base: dict | Non
     }
 
 
-def write_summary(out: Path, state, base: dict | None, frozen: Path, t_start: float) -> None:
+class StageTimer:
+    """Wall seconds per named stage of the run (`with timer("warm_start"): ...`), for the summary."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    def __call__(self, name: str):
+        import contextlib
+
+        @contextlib.contextmanager
+        def ctx():
+            t0 = time.time()
+            try:
+                yield
+            finally:
+                self.seconds[name] = round(self.seconds.get(name, 0.0) + time.time() - t0, 1)
+
+        return ctx()
+
+
+def write_summary(out: Path, state, base: dict | None, frozen: Path, t_start: float,
+                  stage_seconds: dict | None = None) -> None:
     import resource
 
     from accelerate import PartialState
@@ -287,6 +299,7 @@ def write_summary(out: Path, state, base: dict | None, frozen: Path, t_start: fl
         "best_td_ci95": [round(best.ci_low, 2), round(best.ci_high, 2)], "best_step": best.step,
         "gate": gate.reason, "export": str(frozen), "wall_seconds": round(wall, 1),
         "meter_share": round(state.meter_seconds / wall, 3),
+        "stage_seconds": {**(stage_seconds or {}), "meter (inside the phase)": round(state.meter_seconds, 1)},
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
     if base:

@@ -9,7 +9,8 @@
 2. **The arms, each given the same wall time** (`arm_seconds`, on the same machine, one after the other; the steps
    each got are reported): `sft` continues SFT on fresh real turns; any other arm runs the adversarial phase of the
    main job (its discriminator's initial fit included in its time) with the config's settings changed by the arm's
-   spec, `LABEL:key=value,key=value` (e.g. `dpo_real:objective=dpo_rounds,round_chosen=real`).
+   spec, `LABEL:key=value,key=value` (e.g. `dpo_real:objective=dpo_rounds,round_chosen=real`). A trained arm
+   leaves DIR/runs/<arm>/ARM.json; rerunning an interrupted study reuses those arms and trains the rest.
 3. **Each arm's sampling temperature is chosen on validation contexts** (`temperatures`, by the fast panel's td),
    so that no arm wins by only learning a temperature.
 4. **Scoring**: each arm's final generator writes one turn for each of `study_contexts` held-out contexts (test
@@ -126,7 +127,8 @@ def plateau_warm_start(cfg, args, study, data, out: Path) -> tuple[str, list[dic
     from adversary.heldout import heldout_settings, simulate_heldout
     from discriminator.turing import measure_td
     from generator.engine import inference_copy
-    from generator.sft import SFTArgs, heldout_perplexity, run_sft
+    from adversary.stages import warm_start_config
+    from generator.sft import heldout_perplexity, run_sft
 
     wdir = out / "warmstart"
     if (wdir / "COMPLETE").exists():
@@ -164,18 +166,12 @@ def plateau_warm_start(cfg, args, study, data, out: Path) -> tuple[str, list[dic
             if s.global_step % study.plateau_eval_every == 0 or s.global_step == s.max_steps:
                 read(model, processing_class, s.global_step, self.trained)
 
-    sft_args = SFTArgs(
-        model=cfg.model, output_dir=str(wdir), max_steps=steps, per_device_train_batch_size=cfg.warmstart_micro_batch,
-        gradient_accumulation_steps=cfg.warmstart_batch_size // cfg.warmstart_micro_batch,
-        learning_rate=cfg.warmstart_lr, lr_scheduler_type="constant", warmup_ratio=0.0, lora_r=cfg.lora_r or 16,
-        lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout, max_context_messages=cfg.max_context_messages,
-        max_context_tokens=cfg.max_context_tokens, max_turn_chars=cfg.max_turn_chars,
-        max_length=cfg.warmstart_max_length, seed=args.seed, eval_turns=0, save_adapter=False, save_merged=True,
-        trust_remote_code=args.trust_remote_code, dtype=cfg.dtype, logging_steps=max(1, study.plateau_eval_every),
-    )
+    sft_args, config = warm_start_config(cfg, args, wdir, steps, args.seed, lr_scheduler_type="constant",
+                                         warmup_ratio=0.0)
+    config.logging_steps = max(1, study.plateau_eval_every)
     turns = data.warmstart + data.rest[: max(0, steps * cfg.warmstart_batch_size - len(data.warmstart))]
     cb = Curve() if study.plateau_steps else None
-    m = run_sft(sft_args, train_records=turns, eval_records=[], callbacks=[cb] if cb else None)
+    m = run_sft(sft_args, config, train_records=turns, eval_records=[], callbacks=[cb] if cb else None)
     wdir.mkdir(parents=True, exist_ok=True)
     (wdir / "COMPLETE").write_text(json.dumps({"merged_dir": m["merged_dir"], "curve": curve,
                                                "train_runtime_s": m["train_runtime_s"], "turns": len(turns)}))
@@ -187,23 +183,17 @@ def plateau_warm_start(cfg, args, study, data, out: Path) -> tuple[str, list[dic
 
 def run_sft_arm(cfg, args, study, data, start_model: str, out: Path) -> dict:
     from adversary.loop import TimeBudget
-    from generator.sft import SFTArgs, run_sft
+    from adversary.stages import warm_start_config
+    from generator.sft import run_sft
 
     t0 = time.time()
-    sft_args = SFTArgs(
-        model=start_model, output_dir=str(out), max_steps=100_000,
-        per_device_train_batch_size=cfg.warmstart_micro_batch,
-        gradient_accumulation_steps=cfg.warmstart_batch_size // cfg.warmstart_micro_batch,
-        learning_rate=cfg.warmstart_lr, lr_scheduler_type="constant", warmup_ratio=0.0, lora_r=cfg.lora_r or 16,
-        lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout, max_context_messages=cfg.max_context_messages,
-        max_context_tokens=cfg.max_context_tokens, max_turn_chars=cfg.max_turn_chars,
-        max_length=cfg.warmstart_max_length, seed=args.seed + 7, eval_turns=0, save_adapter=False, save_merged=True,
-        trust_remote_code=args.trust_remote_code, dtype=cfg.dtype,
-    )
+    sft_args, config = warm_start_config(cfg, args, out, 100_000, args.seed + 7, lr_scheduler_type="constant",
+                                         warmup_ratio=0.0)
+    sft_args.model = start_model
     # fresh turns, never the warm start's: the end of the rest of the train split, in its seeded order; enough for a
     # step a second (building each example costs ~3 ms, inside the arm's time)
     n = min(len(data.rest) // 2, int(study.arm_seconds) * cfg.warmstart_batch_size + cfg.warmstart_batch_size)
-    m = run_sft(sft_args, train_records=data.rest[-n:], eval_records=[],
+    m = run_sft(sft_args, config, train_records=data.rest[-n:], eval_records=[],
                 callbacks=[TimeBudget(study.arm_seconds, start=t0)])
     curve = [{"step": h["step"], "loss": h["loss"]} for h in m["loss_history"]]
     return {"steps": m["train_steps"], "wall_seconds": time.time() - t0, "model_dir": m["merged_dir"], "curve": curve}
@@ -286,9 +276,9 @@ def paired_differences(reports: dict, real_ids: list[str], n_boot: int, seed: in
         y = np.asarray(oof["labels"])
         correct[arm] = np.stack([(np.asarray(s) > 0) == y for s in oof["scores"].values()])  # [D, n]
         ctx[arm] = np.asarray([ctx_index.get(i.split("@")[0], -1) for i in oof["ids"]])
-    rng = np.random.default_rng(seed)
-    n_ctx = len(real_ids)
-    counts = [np.bincount(rng.integers(0, n_ctx, n_ctx), minlength=n_ctx) for _ in range(n_boot)]  # [B][n_ctx]
+    from conversations.bootstrap import percentile_ci, resample_counts
+
+    counts = resample_counts(len(real_ids), n_boot, seed)  # [B, n_ctx]: contexts drawn jointly for every arm
     out = {}
     names = list(reports)
     for i, a in enumerate(names):
@@ -300,7 +290,7 @@ def paired_differences(reports: dict, real_ids: list[str], n_boot: int, seed: in
                 wb = np.where(ctx[b] >= 0, c[ctx[b]], 1).astype(float)
                 diffs.append(_panel_td(correct[a], wa) - _panel_td(correct[b], wb))
             point = reports[a]["td"] - reports[b]["td"]
-            lo, hi = np.percentile(diffs, [2.5, 97.5])
+            lo, hi = percentile_ci(diffs)
             out[f"{a}-{b}"] = {"td_difference": point, "ci95": [float(lo), float(hi)],
                                "share_of_resamples_a_lower": float(np.mean(np.asarray(diffs) < 0))}
     return out
@@ -376,10 +366,15 @@ def main(argv=None) -> int:
         arm_cfg, arm_args = arm_config(cfg, args, overrides)
         arm_out = out / "runs" / label
         arm_args.output_dir = str(arm_out)
+        if (arm_out / "ARM.json").exists():  # trained by an earlier, interrupted run of the same study
+            results[label] = json.loads((arm_out / "ARM.json").read_text())
+            print(f"arm {label}: reusing {arm_out}", flush=True)
+            continue
         print(f"arm {label}: training for {study.arm_seconds:.0f}s", flush=True)
         run = run_sft_arm if label.startswith("sft") else run_adversarial_arm
         results[label] = run(arm_cfg, arm_args, study, data, start_model, arm_out)
         results[label]["overrides"] = overrides
+        (arm_out / "ARM.json").write_text(json.dumps(results[label], default=float))
         print(f"arm {label}: {results[label]['steps']} steps in {results[label]['wall_seconds']:.0f}s", flush=True)
 
     write_jsonl(out / "real.jsonl", data.heldout)

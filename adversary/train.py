@@ -73,28 +73,35 @@ def main(argv=None) -> int:
     set_seed(args.seed)
     resume = resolve_resume(cfg, args)
     stages.write_config(cfg, args, out)
+    timer = stages.StageTimer()
 
     # 0. data: every subset the run uses, drawn once (held-out contexts fixed by the seed)
-    data = stages.prepare_data(cfg, args.seed)
+    with timer("data"):
+        data = stages.prepare_data(cfg, args.seed)
     ps.print(f"data: {len(data.train)} train turns, {len(data.heldout)} held-out contexts", flush=True)
     # (optional) the un-tuned base model's td: the reference point the whole pipeline should beat
-    base = stages.base_model_td(cfg, args, data) if resume is None else None
+    with timer("base_model"):
+        base = stages.base_model_td(cfg, args, data) if resume is None else None
     # 1. warm start: SFT on real user turns (reused from OUTPUT_DIR/warmstart when there)
-    start_model = stages.warm_start(cfg, args, data)
-    model, tok = load_generator(start_model, trust_remote_code=args.trust_remote_code)
+    with timer("warm_start"):
+        start_model = stages.warm_start(cfg, args, data)
+        model, tok = load_generator(start_model, trust_remote_code=args.trust_remote_code)
     # 2. the discriminator and the rest of the run state: fitted fresh, or restored from the checkpoint in one call
-    state = AdversaryState(cfg, stages.make_discriminator(cfg, args.seed), seed=args.seed,
-                           max_steps=args.max_steps if args.max_steps > 0 else None)
-    if resume is None:
-        stages.fit_discriminator(cfg, state.discriminator, model, tok, data, args.seed)
+    with timer("discriminator_fit"):
+        state = AdversaryState(cfg, stages.make_discriminator(cfg, args.seed), seed=args.seed,
+                               max_steps=args.max_steps if args.max_steps > 0 else None)
+        if resume is None:
+            stages.fit_discriminator(cfg, state.discriminator, model, tok, data, args.seed)
     # 3-5. the adversarial phase (GRPO or DPO rounds), co-training the discriminator; held-out td and the gate
-    meter = HeldoutMeter(cfg, data, tok, state, out)
-    stages.adversarial_phase(cfg, args, model, tok, state, data, meter, resume)
+    with timer("adversarial_phase"):
+        meter = HeldoutMeter(cfg, data, tok, state, out)
+        stages.adversarial_phase(cfg, args, model, tok, state, data, meter, resume)
     stages.check_ranks_identical(state.discriminator, ps)
     stages.check_faults(cfg, state)
     # 6. export the best checkpoint by held-out td (not the last), then the run's summary
-    frozen = stages.export_best(cfg, args, out / "best", stages.manifest(cfg, args, data, state, start_model, base))
-    stages.write_summary(out, state, base, frozen, t_start)
+    with timer("export"):
+        frozen = stages.export_best(cfg, args, out / "best", stages.manifest(cfg, args, data, state, start_model, base))
+    stages.write_summary(out, state, base, frozen, t_start, timer.seconds)
     return 0
 
 

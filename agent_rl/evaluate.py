@@ -26,13 +26,14 @@ from conversations.config import ConfigError, parse_config
 
 from agent_rl import stats
 from agent_rl.gyms import SPLITS, resolve_gyms
+from agent_rl.users import UserSamplingArgs
 
 log = logging.getLogger("agent_rl.evaluate")
 EPISODES_FILE = "episodes.jsonl"
 
 
 @dataclass
-class RunArgs:
+class RunArgs(UserSamplingArgs):
     """Shared by evaluate and compare: what to run and how to sample."""
 
     simulators: list[str] = field(default_factory=lambda: ["scripted:oracle"],
@@ -47,11 +48,6 @@ class RunArgs:
     agent_max_new_tokens: int = 64
     agent_temperature: float = 0.7
     agent_batch_size: int = 16
-    user_max_new_tokens: int | None = field(default=None, metadata={
-        "help": "token limit of a simulated user turn (default: what a frozen export records, else 64)"})
-    user_temperature: float | None = field(default=None, metadata={"help": "default: the export's, else 0.7"})
-    user_top_p: float | None = field(default=None, metadata={"help": "default: the export's, else 0.95"})
-    user_batch_size: int = 32
     seed: int = 0
     device: str | None = None
     torch_threads: int = field(default=0, metadata={"help": "torch intra-op threads (0: torch's default)"})

@@ -11,14 +11,10 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from conversations.bootstrap import percentile_ci, stratified_means
+
 SCALE = 100.0
 N_BOOT = 2000
-ALPHA = 0.05
-
-
-def _ci(samples: np.ndarray) -> tuple[float, float]:
-    lo, hi = np.quantile(samples, [ALPHA / 2, 1 - ALPHA / 2])
-    return float(lo), float(hi)
 
 
 def mean_ci(values: Sequence[float], seed: int = 0, n_boot: int = N_BOOT) -> tuple[float, float, float]:
@@ -28,9 +24,7 @@ def mean_ci(values: Sequence[float], seed: int = 0, n_boot: int = N_BOOT) -> tup
         return float("nan"), float("nan"), float("nan")
     if v.size == 1:
         return float(v[0]), float(v[0]), float(v[0])
-    rng = np.random.default_rng(seed)
-    boots = v[rng.integers(0, v.size, size=(n_boot, v.size))].mean(axis=1)  # (n_boot,)
-    return (float(v.mean()), *_ci(boots))
+    return (float(v.mean()), *percentile_ci(stratified_means([v], n_boot, seed)[:, 0]))
 
 
 def overall_ci(per_gym: Mapping[str, Sequence[float]], seed: int = 0, n_boot: int = N_BOOT):
@@ -38,10 +32,8 @@ def overall_ci(per_gym: Mapping[str, Sequence[float]], seed: int = 0, n_boot: in
     gyms = [np.asarray(v, dtype=float) * SCALE for v in per_gym.values() if len(v)]
     if not gyms:
         return float("nan"), float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
     point = float(np.mean([g.mean() for g in gyms]))
-    boots = np.mean([g[rng.integers(0, g.size, size=(n_boot, g.size))].mean(axis=1) for g in gyms], axis=0)
-    return (point, *_ci(boots))
+    return (point, *percentile_ci(stratified_means(gyms, n_boot, seed).mean(axis=1)))
 
 
 def paired_delta_ci(per_gym_pairs: Mapping[str, tuple[Sequence[float], Sequence[float]]], seed: int = 0,
@@ -57,7 +49,5 @@ def paired_delta_ci(per_gym_pairs: Mapping[str, tuple[Sequence[float], Sequence[
             diffs.append((b - a) * SCALE)
     if not diffs:
         return float("nan"), float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
     point = float(np.mean([d.mean() for d in diffs]))
-    boots = np.mean([d[rng.integers(0, d.size, size=(n_boot, d.size))].mean(axis=1) for d in diffs], axis=0)
-    return (point, *_ci(boots))
+    return (point, *percentile_ci(stratified_means(diffs, n_boot, seed).mean(axis=1)))

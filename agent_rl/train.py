@@ -32,12 +32,13 @@ from conversations.cli_util import friendly_errors  # noqa: E402
 from conversations.config import ConfigError, dump_config, parse_config  # noqa: E402
 
 from agent_rl.credit import TRAJECTORY_SCORES, TURN_CREDITS, trajectory_score, turn_credits  # noqa: E402
+from agent_rl.users import UserSamplingArgs  # noqa: E402
 
 log = logging.getLogger("agent_rl.train")
 
 
 @dataclass
-class AgentRLArgs:
+class AgentRLArgs(UserSamplingArgs):
     """What is specific to agent RL; the optimiser, batch and GRPO settings are GRPOConfig's."""
 
     agent_model: str = field(default="smollm2-135m-instruct", metadata={"help": "agent base: asset name, id or path"})
@@ -60,11 +61,6 @@ class AgentRLArgs:
     agent_temperature: float = field(default=1.0, metadata={"help": "agent sampling temperature during rollouts"})
     agent_top_p: float = 1.0
     max_seq_len: int = field(default=2048, metadata={"help": "an episode's token limit (prompt + all turns)"})
-    user_max_new_tokens: int | None = field(default=None, metadata={
-        "help": "token limit of one simulated user turn (default: what a frozen export records, else 64)"})
-    user_temperature: float | None = field(default=None, metadata={"help": "default: the export's, else 0.7"})
-    user_top_p: float | None = field(default=None, metadata={"help": "default: the export's, else 0.95"})
-    user_batch_size: int = 32
     lora_r: int = 16
     lora_alpha: int = 32
     lora_dropout: float = 0.0

@@ -8,6 +8,7 @@ Specs (`load_simulator(spec)`):
                     user in the generator's role-flipped format (`generator.prompts`);
 - `openai:MODEL@BASE_URL`  an OpenAI-compatible endpoint, sent the same role-flipped messages; the API key is read
                     from an environment variable (`api_key_env`, default OPENAI_API_KEY) per request, never logged;
+- `...#persona=TEXT` after an hf: or frozen: spec gives the simulated user a persona (in its system prompt);
 - `scripted:oracle` answers truthfully and cooperatively from the hidden task, deterministic;
 - `scripted:terse`  answers as little as it can (a bare fact to a precise question, nothing otherwise).
 A bare folder path holding simulator.json is read as `frozen:`.
@@ -16,7 +17,7 @@ A bare folder path holding simulator.json is read as `frozen:`.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, Sequence
 
@@ -50,6 +51,18 @@ class UserTurn:
     ended: bool  # the simulator wrote END_MARKER (would end the conversation)
 
 
+@dataclass
+class UserSamplingArgs:
+    """The user simulator's sampling on the command line of the agent-side entry points (train, evaluate, compare);
+    unset values fall back to what a frozen export records."""
+
+    user_max_new_tokens: int | None = field(default=None, metadata={
+        "help": "token limit of a simulated user turn (default: what a frozen export records, else 64)"})
+    user_temperature: float | None = field(default=None, metadata={"help": "default: the export's, else 0.7"})
+    user_top_p: float | None = field(default=None, metadata={"help": "default: the export's, else 0.95"})
+    user_batch_size: int = field(default=32, metadata={"help": "simulated user turns per engine call"})
+
+
 def user_settings(args, base: SamplingSettings | None = None) -> SamplingSettings | None:
     """Sampling settings from a config's user_max_new_tokens / user_temperature / user_top_p, each None (unset)
     falling back to `base`; None when nothing is set and there is no base (the export's settings then apply)."""
@@ -81,8 +94,8 @@ class LMUser:
     measured with."""
 
     def __init__(self, engine, spec: str, settings: SamplingSettings | None = None, manifest: dict | None = None,
-                 seed: int = 0):
-        self.engine, self.spec, self.manifest, self.seed = engine, spec, manifest, seed
+                 seed: int = 0, persona: str | None = None):
+        self.engine, self.spec, self.manifest, self.seed, self.persona = engine, spec, manifest, seed, persona
         self.settings = settings or exported_settings(manifest) or DEFAULT_SETTINGS
         self.calls = 0
         engine.model.eval().requires_grad_(False)  # a user simulator is never trained here
@@ -102,8 +115,8 @@ class LMUser:
         s = settings or self.settings
         self.calls += 1
         tok = self.engine.tokenizer
-        prompts = [render_prompt(tok, r.context, persona=r.persona, goal=r.goal, max_context_tokens=s.max_prompt_tokens)
-                   for r in requests]
+        prompts = [render_prompt(tok, r.context, persona=r.persona or self.persona, goal=r.goal,
+                                 max_context_tokens=s.max_prompt_tokens) for r in requests]
         ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
         # a new seed per call, else every turn of a run would replay the same random stream
         done = self.engine.complete(ids, s, seed=self.seed + 7919 * self.calls, cancelled=cancelled)
@@ -157,6 +170,7 @@ def check_simulator_spec(spec: str) -> None:
     its URL form (openai:), its mode (scripted:). A `DataError` says what is wrong."""
     from conversations.assets import check_model_name
 
+    spec = spec.partition("#persona=")[0]
     kind, sep, rest = spec.partition(":")
     if not sep and Path(spec).is_dir():
         kind, rest = "frozen", spec
@@ -164,9 +178,9 @@ def check_simulator_spec(spec: str) -> None:
         if rest not in SCRIPTED_MODES:
             raise DataError(f"unknown scripted user '{rest}'; use scripted:oracle or scripted:terse")
     elif kind == "frozen":
-        if not (Path(rest) / "simulator.json").exists():
-            raise DataError(f"simulator '{spec}': {rest} is not a frozen export (no simulator.json); export one with "
-                            "the main job, or use hf:MODEL")
+        if not Path(rest).is_dir():
+            raise DataError(f"simulator '{spec}': no such folder {rest} (a frozen export of the main job, or use "
+                            "hf:MODEL)")
     elif kind == "hf":
         if not rest:
             raise DataError("hf: needs a model, e.g. hf:smollm2-135m-instruct")
@@ -188,9 +202,10 @@ def load_simulator(spec: str, settings: SamplingSettings | None = None, *, batch
     from conversations.precision import inference_dtype, resolve_precision
 
     check_simulator_spec(spec)
-    kind, sep, rest = spec.partition(":")
-    if not sep and Path(spec).is_dir() and (Path(spec) / "simulator.json").exists():
-        kind, rest = "frozen", spec
+    spec_body, _, persona = spec.partition("#persona=")
+    kind, sep, rest = spec_body.partition(":")
+    if not sep and Path(spec_body).is_dir() and (Path(spec_body) / "simulator.json").exists():
+        kind, rest = "frozen", spec_body
     if kind == "scripted":
         return ScriptedUser(rest)
     if kind in ("frozen", "hf"):
@@ -208,13 +223,15 @@ def load_simulator(spec: str, settings: SamplingSettings | None = None, *, batch
                 log.warning("%s was trained with prompt format %s but this code renders format %s: its replies may "
                             "degrade", rest, trained_with, PROMPT_FORMAT_VERSION)
             engine = Engine(model, tok, batch_size=batch_size, precision=precision)
-            return LMUser(engine, f"frozen:{rest}", settings, manifest, seed=seed)
+            label = f"frozen:{rest}" + (f"#persona={persona}" if persona else "")
+            return LMUser(engine, label, settings, manifest, seed=seed, persona=persona or None)
         from generator.model import load_generator
 
         if not rest:
             raise DataError("hf: needs a model, e.g. hf:smollm2-135m-instruct")
         model, tok = load_generator(rest, device=device, dtype=inference_dtype(precision))
-        return LMUser(Engine(model, tok, batch_size=batch_size, precision=precision), spec, settings, seed=seed)
+        return LMUser(Engine(model, tok, batch_size=batch_size, precision=precision), spec, settings, seed=seed,
+                      persona=persona or None)
     if kind == "openai":
         model, at, url = rest.partition("@")
         if not model or not at or not url:
@@ -228,6 +245,9 @@ def load_simulator(spec: str, settings: SamplingSettings | None = None, *, batch
 
 def short_label(spec: str) -> str:
     """A readable name for tables: frozen:/long/path/sim-3 -> frozen:sim-3, openai:m@url -> openai:m."""
+    spec, _, persona = spec.partition("#persona=")
+    if persona:
+        return f"{short_label(spec)}+persona"
     kind, _, rest = spec.partition(":")
     if kind == "frozen":
         return f"frozen:{Path(rest).name}"

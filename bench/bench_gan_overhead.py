@@ -249,39 +249,35 @@ def timed_reward(fn, probes: Probes, key: str):
 def build(cfg, args, warmup: int):
     """(bare trainer, adversarial trainer, step timers, probes, discriminator fit info)."""
     import torch
-    from peft import LoraConfig
     from transformers import TrainerCallback, set_seed
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import GRPOTrainer
 
-    from adversary.cotrain import CoTrainCallback, FaultCounter, ReplayBuffer
-    from adversary.gate import PlateauGate
-    from adversary.loop import HeldoutGateCallback, QuietProgress, RunStateCallback, build_trainer, grpo_dataset
+    from adversary.cotrain import CoTrainCallback
+    from adversary.loop import QuietProgress, build_trainer, grpo_dataset
     from adversary.stages import fit_discriminator, make_discriminator, prepare_data
-    from generator.model import load_generator
+    from adversary.state import AdversaryState
+    from generator.model import load_generator, lora_config
 
     set_seed(args.seed)
     data = prepare_data(cfg, args.seed)
     log(f"data: {len(data.train)} train turns; models {cfg.model} + {cfg.discriminator}; "
         f"batch {args.per_device_train_batch_size} x {args.max_completion_length} tokens; torch threads {torch.get_num_threads()}")
 
-    # the adversarial arm, as the main job builds it, with the job's initial discriminator fit
+    # the adversarial arm, as the main job builds it (less the meter: bench_default_run.py's business), with the
+    # job's initial discriminator fit
     model_adv, tok = load_generator(cfg.model, trust_remote_code=args.trust_remote_code)
-    disc = make_discriminator(cfg, args.seed)
+    state = AdversaryState(cfg, make_discriminator(cfg, args.seed), max_steps=None, seed=args.seed)
+    state.faults.limit = 10**9
     t0 = time.perf_counter()
-    fit = fit_discriminator(cfg, disc, model_adv, tok, data, args.seed)
+    fit = fit_discriminator(cfg, state.discriminator, model_adv, tok, data, args.seed)
     disc_info = {"items": fit["disc/init_items"], "train_acc": r(fit["disc/init_train_acc"]),
                  "seconds": r(time.perf_counter() - t0, 1)}
     log(f"discriminator: initial fit on {disc_info['items']} items, train acc {disc_info['train_acc']} ({disc_info['seconds']}s)")
-    faults = FaultCounter(limit=10**9)
-    buffer = ReplayBuffer(size=cfg.replay_size, seed=args.seed)
-    gate = PlateauGate(patience=cfg.gate_patience, min_delta=cfg.gate_min_delta, target_td=cfg.gate_target_td,
-                       max_steps=None, smooth=cfg.gate_smooth)
     adv_args = copy.deepcopy(args)
-    adv, heldout_cb, cotrain = build_trainer(cfg, adv_args, model_adv, tok, disc, data, gate=gate, rows=[],
-                                             buffer=buffer, faults=faults)
-    for cb in (HeldoutGateCallback, RunStateCallback, QuietProgress):  # the meter is bench_default_run.py's business
-        adv.remove_callback(cb)
+    adv = build_trainer(cfg, adv_args, model_adv, tok, state, data)
+    adv.remove_callback(QuietProgress)
+    cotrain = next(c for c in adv.callback_handler.callbacks if isinstance(c, CoTrainCallback))
 
     probes = Probes()
     adv.reward_funcs = [timed_reward(f, probes, "disc_reward" if i == 0 else "other_rewards")
@@ -306,13 +302,9 @@ def build(cfg, args, warmup: int):
 
     bare_args = copy.deepcopy(args)
     bare_args.reward_weights = None
-    peft_config = None
-    if cfg.lora_r > 0:
-        peft_config = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                                 target_modules="all-linear", task_type="CAUSAL_LM")
     bare = GRPOTrainer(model=model_bare, reward_funcs=[constant_reward], args=bare_args,
-                       train_dataset=grpo_dataset(cfg, tok, data.train, args.seed), processing_class=tok,
-                       peft_config=peft_config)
+                       train_dataset=grpo_dataset(cfg, tok, data.grpo), processing_class=tok,
+                       peft_config=lora_config(cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout))
 
     timers = {"bare": StepTimer(warmup), "adversarial": StepTimer(warmup)}
     for name, trainer in (("bare", bare), ("adversarial", adv)):

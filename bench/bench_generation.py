@@ -4,7 +4,7 @@ against the machine's arithmetic limit, measured in one process run.
     python bench/bench_generation.py            # SmolLM2-135M, 32 held-out contexts, 48 new tokens, batches of 16
     python bench/bench_generation.py --tiny     # the tiny random model (a fast check of the benchmark itself)
 
-- batched: `generator.sample.generate_user_turns(model, tok, contexts, batch_size=B)` (length-sorted, left-padded
+- batched: `generator.sample.user_turns(Engine(model, tok, batch_size=B), contexts, settings)` (the generation engine:
   batches; a batch runs until its longest turn ends, so padding and finished rows cost time and count as nothing);
 - serial: `model.generate` on one rendered prompt at a time, same prompts, sampling settings and stop tokens;
 - tokens: the useful generated tokens, counted the same way for both (the turn's tokens, plus the end-of-turn
@@ -55,7 +55,8 @@ def serial_generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int
     """Plain transformers generate, one prompt at a time (no batching, no padding)."""
     import torch
 
-    from generator.sample import clean_turn, stop_token_ids
+    from generator.engine import stop_token_ids
+    from generator.sample import clean_turn
 
     stops = stop_token_ids(tokenizer, model)
     stop_set = set(stops)
@@ -94,8 +95,9 @@ def main(argv=None) -> int:
 
     from generator.data import load_turns, sample_records
     from generator.model import load_generator
+    from generator.engine import Engine, SamplingSettings
     from generator.prompts import render_prompt
-    from generator.sample import generate_user_turns
+    from generator.sample import user_turns
 
     model, tok = load_generator(model_name)
     model.eval()
@@ -110,15 +112,16 @@ def main(argv=None) -> int:
 
     flops_before = matmul_flops(a.matmul_n)
     kw = dict(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p)
-    generate_user_turns(model, tok, contexts[:2], batch_size=2, seed=a.seed, max_context_tokens=a.max_context_tokens, **kw)  # warm-up
+    settings = SamplingSettings(**kw, max_prompt_tokens=a.max_context_tokens)
+    engine = Engine(model, tok, batch_size=a.batch_size)  # the same fp32 weights as the serial path
+    user_turns(engine, contexts[:2], settings, seed=a.seed)  # warm-up
     runs = {"batched": [], "serial": []}
     for rep in range(a.repeats):
         order = ["batched", "serial"] if rep % 2 == 0 else ["serial", "batched"]
         for mode in order:
             t0 = time.perf_counter()
             if mode == "batched":
-                texts = generate_user_turns(model, tok, contexts, batch_size=a.batch_size, seed=a.seed + rep,
-                                            max_context_tokens=a.max_context_tokens, **kw)
+                texts = [t.text for t in user_turns(engine, contexts, settings, seed=a.seed + rep)]
             else:
                 texts = serial_generate(model, tok, prompts, seed=a.seed + rep, **kw)
             dt = time.perf_counter() - t0

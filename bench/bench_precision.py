@@ -188,14 +188,13 @@ def bench_heldout(a, cfg) -> dict:
 
 def grpo_worker(a) -> int:
     """One process: the preset's GRPO steps in one precision; prints the step times as JSON."""
-    from peft import LoraConfig
     from transformers import TrainerCallback
     from trl import GRPOTrainer
 
     from adversary.loop import grpo_dataset
     from adversary.stages import prepare_data
     from adversary.train import quiet_libraries
-    from generator.model import load_generator
+    from generator.model import load_generator, lora_config
 
     cfg, args = job_config(a, "--dtype", a.grpo_worker, "--max_steps", str(a.grpo_steps), "--logging_steps", "1000")
     quiet_libraries()
@@ -212,9 +211,8 @@ def grpo_worker(a) -> int:
             times.append(time.perf_counter() - t0[0])
 
     trainer = GRPOTrainer(model=model, reward_funcs=[lambda prompts, completions, **k: [0.0] * len(completions)],
-                          args=args, train_dataset=grpo_dataset(cfg, tok, data.train, args.seed), processing_class=tok,
-                          peft_config=LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules="all-linear",
-                                                 task_type="CAUSAL_LM"), callbacks=[Timer()])
+                          args=args, train_dataset=grpo_dataset(cfg, tok, data.grpo), processing_class=tok,
+                          peft_config=lora_config(cfg.lora_r, cfg.lora_alpha), callbacks=[Timer()])
     trainer.train()
     print(json.dumps({"precision": cfg.dtype, "mixed_precision": trainer.accelerator.mixed_precision, "step_s": times}))
     return 0

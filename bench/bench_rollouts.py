@@ -43,12 +43,13 @@ def main(argv=None) -> int:
         torch.set_num_threads(a.threads)
     from agent_rl.agents import ScriptedAgent
     from agent_rl.rollout import RolloutStats, episode_specs, run_episodes
-    from agent_rl.users import LMSettings, load_simulator
+    from agent_rl.users import load_simulator
+    from generator.engine import SamplingSettings
 
     half = (a.episodes + 1) // 2
     specs = (episode_specs(["intention"], "train", half) + episode_specs(["travel"], "train", half))[: a.episodes]
-    sim = load_simulator(a.simulator, LMSettings(max_new_tokens=a.max_new_tokens, temperature=0.0,
-                                                 batch_size=max(1, a.episodes)))
+    sim = load_simulator(a.simulator, SamplingSettings(max_new_tokens=a.max_new_tokens, temperature=0.0,
+                                                       max_prompt_tokens=768), batch_size=max(1, a.episodes))
     agent = ScriptedAgent("oracle")
     run_episodes(agent, sim, specs[:2], max_live=2)  # warm-up: first-call costs stay out of the timings
 

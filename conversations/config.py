@@ -156,13 +156,17 @@ def given_keys(argv: list[str] | None = None) -> tuple[set[str], set[str]]:
     return cli, preset
 
 
-def parse_config(dataclass_types, argv: list[str] | None = None, prog: str | None = None):
-    """Parse `--config FILE` and `--key value` overrides into instances of `dataclass_types` (a tuple). On a machine
+def parse_config(dataclass_types, argv: list[str] | None = None, prog: str | None = None,
+                 defaults: dict[str, Any] | None = None):
+    """Parse `--config FILE` and `--key value` overrides into instances of `dataclass_types` (a tuple). `defaults`
+    replace the dataclasses' own defaults (a YAML preset and the command line still override them). On a machine
     without a GPU, trainer configs default to `use_cpu: true` (transformers refuses bf16 on a CPU without it)."""
     from trl import TrlParser
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = TrlParser(dataclass_types, prog=prog)
+    if defaults:
+        parser.set_defaults(**defaults)
     if "use_cpu" in _field_types(dataclass_types):
         import torch
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -64,55 +65,54 @@ class _class_or_instance:
         return functools.partial(self.fn, obj if obj is not None else owner)
 
 
+@dataclass
+class NeuralDetectorConfig:
+    """The neural detector's settings (saved beside its weights; `NeuralDetector.load` rebuilds from them)."""
+
+    backbone: str = "minilm-l6"  # any AutoModelForSequenceClassification checkpoint, or an embedded asset name
+    max_length: int = 256  # input tokens: context tail + turn
+    context_tokens: int = 128  # of those, context, truncated from the left
+    lr: float = 2e-5
+    batch_size: int = 32  # a fit's minibatch, an update's micro-batch
+    lora: bool | dict = False  # True or LoRA settings: train adapters instead of every weight
+    label_smoothing: float = 0.0
+    seed: int = 0  # the head's initialisation, dropout and shuffling
+    epochs: int = 1
+    weight_decay: float = 0.01
+    head_lr: float | None = None  # the classification head's learning rate (default: lr)
+    max_grad_norm: float | None = 1.0
+    score_batch_size: int | None = None  # default: 2 x batch_size
+    trust_remote_code: bool = False
+    precision: str = "fp32"  # fp32 master weights; forward and backward under this precision's autocast
+
+    def __post_init__(self):
+        from conversations.precision import resolve_precision
+
+        if self.context_tokens < 0 or self.max_length < 16 or self.context_tokens > self.max_length - 16:
+            raise DataError(f"need 0 <= context_tokens <= max_length - 16 (room for the turn), got context_tokens="
+                            f"{self.context_tokens}, max_length={self.max_length}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise DataError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        self.backbone = str(self.backbone)
+        self.lora = (dict(DEFAULT_LORA, **self.lora) if isinstance(self.lora, dict) else dict(DEFAULT_LORA)) \
+            if self.lora else False
+        self.score_batch_size = int(self.score_batch_size or 2 * self.batch_size)
+        self.precision = resolve_precision(self.precision, "cuda" if torch.cuda.is_available() else "cpu")
+
+
 class NeuralDetector:
     name = "neural"
 
-    def __init__(
-        self,
-        backbone: str = "minilm-l6",
-        max_length: int = 256,
-        context_tokens: int = 128,
-        lr: float = 2e-5,
-        batch_size: int = 32,
-        lora: bool | dict = False,
-        label_smoothing: float = 0.0,
-        seed: int = 0,
-        device: str | None = None,
-        *,
-        epochs: int = 1,
-        weight_decay: float = 0.01,
-        head_lr: float | None = None,
-        max_grad_norm: float | None = 1.0,
-        score_batch_size: int | None = None,
-        trust_remote_code: bool = False,
-        precision: str = "fp32",
-    ) -> None:
-        if context_tokens < 0 or max_length < 16 or context_tokens > max_length - 16:
-            raise DataError(
-                f"need 0 <= context_tokens <= max_length - 16 (room for the turn), got context_tokens={context_tokens}, "
-                f"max_length={max_length}"
-            )
-        if not 0.0 <= label_smoothing < 1.0:
-            raise DataError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
-        self.backbone = str(backbone)
-        self.max_length = int(max_length)
-        self.context_tokens = int(context_tokens)
-        self.lr = float(lr)
-        self.batch_size = int(batch_size)
-        self.lora = (dict(DEFAULT_LORA, **lora) if isinstance(lora, dict) else dict(DEFAULT_LORA)) if lora else False
-        self.label_smoothing = float(label_smoothing)
-        self.seed = int(seed)
+    def __init__(self, config: "NeuralDetectorConfig | str | None" = None, device: str | None = None,
+                 **settings) -> None:
+        """`NeuralDetector(config)`, `NeuralDetector(**settings)` (the fields of `NeuralDetectorConfig`) or
+        `NeuralDetector("backbone", **settings)`."""
+        if isinstance(config, str):
+            config, settings = None, {"backbone": config, **settings}
+        if config is not None and settings:
+            raise TypeError("give a NeuralDetectorConfig or keyword settings, not both")
+        self.cfg = config or NeuralDetectorConfig(**settings)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.epochs = int(epochs)
-        self.weight_decay = float(weight_decay)
-        self.head_lr = None if head_lr is None else float(head_lr)
-        self.max_grad_norm = max_grad_norm
-        self.score_batch_size = int(score_batch_size or 2 * batch_size)
-        self.trust_remote_code = trust_remote_code
-        from conversations.precision import resolve_precision
-
-        # fp32 master weights; forward and backward under the precision's autocast (bf16 on a fast-bf16 CPU)
-        self.precision = resolve_precision(precision, self.device)
         self.step = 0  # optimiser steps taken; seeds dropout, so a restored state continues identically
         self.epochs_done = 0  # seeds the shuffling in fit()
         self.frozen = False
@@ -125,24 +125,8 @@ class NeuralDetector:
     # construction
 
     def config(self) -> dict[str, Any]:
-        """The constructor arguments: `NeuralDetector(**d.config())` builds the same (untrained) detector."""
-        return {
-            "backbone": self.backbone,
-            "max_length": self.max_length,
-            "context_tokens": self.context_tokens,
-            "lr": self.lr,
-            "batch_size": self.batch_size,
-            "lora": self.lora,
-            "label_smoothing": self.label_smoothing,
-            "seed": self.seed,
-            "epochs": self.epochs,
-            "weight_decay": self.weight_decay,
-            "head_lr": self.head_lr,
-            "max_grad_norm": self.max_grad_norm,
-            "score_batch_size": self.score_batch_size,
-            "trust_remote_code": self.trust_remote_code,
-            "precision": self.precision,
-        }
+        """The settings as plain data: `NeuralDetector(**d.config())` builds the same (untrained) detector."""
+        return asdict(self.cfg)
 
     def _rng_devices(self) -> list[int]:
         return [self.device.index or 0] if self.device.type == "cuda" else []
@@ -150,17 +134,17 @@ class NeuralDetector:
     def _build(self) -> None:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        path = resolve_model(self.backbone)
+        path = resolve_model(self.cfg.backbone)
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=self.trust_remote_code)
+            self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=self.cfg.trust_remote_code)
             # whole_weights: never partitioned by ZeRO-3 (DeepSpeed does not wrap the discriminator)
             with _quiet_transformers(), torch.random.fork_rng(devices=self._rng_devices()), whole_weights():
-                torch.manual_seed(self.seed)  # the new classification head starts the same for a given seed
+                torch.manual_seed(self.cfg.seed)  # the new classification head starts the same for a given seed
                 model = AutoModelForSequenceClassification.from_pretrained(
-                    path, num_labels=1, dtype=torch.float32, trust_remote_code=self.trust_remote_code
+                    path, num_labels=1, dtype=torch.float32, trust_remote_code=self.cfg.trust_remote_code
                 )
         except OSError as e:
-            raise DataError(f"cannot load backbone {self.backbone!r}: {str(e).splitlines()[0]}") from None
+            raise DataError(f"cannot load backbone {self.cfg.backbone!r}: {str(e).splitlines()[0]}") from None
         tok = self.tokenizer
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token or tok.unk_token
@@ -168,13 +152,13 @@ class NeuralDetector:
         model.config.pad_token_id = tok.pad_token_id
         self.is_decoder_style = tok.sep_token is None
         self._input_names = [n for n in tok.model_input_names if n in ("input_ids", "attention_mask", "token_type_ids")]
-        if self.lora:
+        if self.cfg.lora:
             from peft import LoraConfig, TaskType, get_peft_model
 
-            settings = dict(self.lora)
+            settings = dict(self.cfg.lora)
             target = settings.pop("target_modules", None)
             with torch.random.fork_rng(devices=self._rng_devices()):
-                torch.manual_seed(self.seed)
+                torch.manual_seed(self.cfg.seed)
                 try:
                     model = get_peft_model(model, LoraConfig(task_type=TaskType.SEQ_CLS, target_modules=target, **settings))
                 except ValueError:  # an architecture peft has no default targets for
@@ -188,14 +172,14 @@ class NeuralDetector:
         # the meter's cross-fitting) move the decision offset to where it belongs; the encoder keeps `lr`
         head = [p for n, p in self._trainable if self._is_head(n)]
         body = [p for n, p in self._trainable if not self._is_head(n)]
-        groups = [{"params": body, "lr": self.lr}]
+        groups = [{"params": body, "lr": self.cfg.lr}]
         if head:
-            groups.append({"params": head, "lr": self.head_lr if self.head_lr is not None else self.lr})
+            groups.append({"params": head, "lr": self.cfg.head_lr if self.cfg.head_lr is not None else self.cfg.lr})
         groups = [g for g in groups if g["params"]]
         try:  # fused: one kernel for all parameters, 16 ms a step for MiniLM-L6 on 2 CPU cores against ~90 ms
-            self.optimizer = torch.optim.AdamW(groups, lr=self.lr, weight_decay=self.weight_decay, fused=True)
+            self.optimizer = torch.optim.AdamW(groups, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay, fused=True)
         except (RuntimeError, TypeError):  # a device or dtype the fused kernel does not support
-            self.optimizer = torch.optim.AdamW(groups, lr=self.lr, weight_decay=self.weight_decay)
+            self.optimizer = torch.optim.AdamW(groups, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
 
     @staticmethod
     def _is_head(name: str) -> bool:
@@ -212,7 +196,7 @@ class NeuralDetector:
     def _context_tails(self, contexts: list[str]) -> list[str]:
         """Cut each context string at a token boundary so that at most `context_tokens` tokens are left (from the left:
         the end is kept). Offsets keep the original text, so the tail re-tokenises to the same tokens."""
-        k = self.context_tokens
+        k = self.cfg.context_tokens
         if k == 0:
             return ["" for _ in contexts]
         try:
@@ -228,11 +212,11 @@ class NeuralDetector:
     def encode(self, items: Sequence[TurnRecord]) -> list[dict[str, list[int]]]:
         """Token ids per item, unpadded (padding happens per batch, so short batches stay short)."""
         # a character budget first, so a 40k-character context is not tokenised only to be thrown away
-        contexts, turns = render_pairs(items, context_chars=self.context_tokens * 16 + 64)
+        contexts, turns = render_pairs(items, context_chars=self.cfg.context_tokens * 16 + 64)
         contexts = self._context_tails(contexts)
         if self.is_decoder_style:
             contexts = [c + DECODER_TURN_MARKER if c else DECODER_TURN_MARKER.lstrip("\n") for c in contexts]
-        enc = self.tokenizer(contexts, turns, truncation="only_second", max_length=self.max_length)
+        enc = self.tokenizer(contexts, turns, truncation="only_second", max_length=self.cfg.max_length)
         names = [n for n in self._input_names if n in enc]
         return [{n: enc[n][i] for n in names} for i in range(len(items))]
 
@@ -243,7 +227,7 @@ class NeuralDetector:
     def _logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         from conversations.precision import autocast
 
-        with autocast(self.precision, self.device):
+        with autocast(self.cfg.precision, self.device):
             logits = self.model(**batch).logits
         return logits.float().squeeze(-1) + self.offset  # [B, 1] -> [B]
 
@@ -260,21 +244,21 @@ class NeuralDetector:
             raise DataError("update() needs at least one item")
         feats = self.encode(items)
         # label smoothing for a single logit: targets 1 -> 1 - eps/2, 0 -> eps/2
-        targets = torch.tensor(y, dtype=torch.float32) * (1.0 - self.label_smoothing) + 0.5 * self.label_smoothing
+        targets = torch.tensor(y, dtype=torch.float32) * (1.0 - self.cfg.label_smoothing) + 0.5 * self.cfg.label_smoothing
         self.model.train()
         total = 0.0
         with torch.random.fork_rng(devices=self._rng_devices()):
             # dropout masks depend on (seed, step) only: restoring a state_dict replays training exactly
-            torch.manual_seed(self.seed * 1_000_003 + self.step)
-            for start in range(0, len(feats), self.batch_size):
-                sl = slice(start, start + self.batch_size)
+            torch.manual_seed(self.cfg.seed * 1_000_003 + self.step)
+            for start in range(0, len(feats), self.cfg.batch_size):
+                sl = slice(start, start + self.cfg.batch_size)
                 logits = self._logits(self._collate(feats[sl]))
                 t = targets[sl].to(self.device)
                 loss = F.binary_cross_entropy_with_logits(logits, t, reduction="sum") / len(feats)
                 loss.backward()
                 total += float(loss.detach())
-        if self.max_grad_norm:
-            torch.nn.utils.clip_grad_norm_([p for _, p in self._trainable], self.max_grad_norm)
+        if self.cfg.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_([p for _, p in self._trainable], self.cfg.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.model.eval()
@@ -288,12 +272,12 @@ class NeuralDetector:
         up to 512 of the same items. Losses land in `self.history`."""
         y = check_labels(items, labels)
         items = list(items)
-        n_epochs = self.epochs if epochs is None else int(epochs)
+        n_epochs = self.cfg.epochs if epochs is None else int(epochs)
         self.history: list[float] = []
         for _ in range(n_epochs):
-            order = np.random.default_rng([self.seed, self.epochs_done]).permutation(len(items))
-            for start in range(0, len(order), self.batch_size):
-                idx = order[start:start + self.batch_size]
+            order = np.random.default_rng([self.cfg.seed, self.epochs_done]).permutation(len(items))
+            for start in range(0, len(order), self.cfg.batch_size):
+                idx = order[start:start + self.cfg.batch_size]
                 self.history.append(self.update([items[i] for i in idx], y[idx]))
             self.epochs_done += 1
         if calibrate and len(np.unique(y)) == 2:
@@ -305,7 +289,7 @@ class NeuralDetector:
         label-stratified sample), so that scores read as calibrated log-odds and 0 is the decision threshold. After
         tens of steps a fine-tuned head ranks well (high AUC) long before its bias has moved to the right place."""
         y = check_labels(items, labels)
-        rng = np.random.default_rng([self.seed, 7])
+        rng = np.random.default_rng([self.cfg.seed, 7])
         per = max(1, max_items // 2)
         idx = np.concatenate([rng.permutation(np.flatnonzero(y == c))[:per] for c in (0, 1)])
         raw = self.score([items[i] for i in idx]) - self.offset
@@ -353,8 +337,8 @@ class NeuralDetector:
         was_training = self.model.training
         self.model.eval()
         with torch.inference_mode():
-            for start in range(0, len(order), self.score_batch_size):
-                idx = order[start:start + self.score_batch_size]
+            for start in range(0, len(order), self.cfg.score_batch_size):
+                idx = order[start:start + self.cfg.score_batch_size]
                 out[torch.as_tensor(idx)] = self._logits(self._collate([feats[i] for i in idx])).float().cpu()
         self.model.train(was_training)
         return out.numpy().astype(np.float64)[np.asarray(where)]
@@ -369,7 +353,7 @@ class NeuralDetector:
     def _weights(self) -> dict[str, torch.Tensor]:
         """Every weight for a full fine-tune; only the trainable ones (adapters and head) with LoRA, whose frozen base
         comes from the backbone."""
-        if self.lora:
+        if self.cfg.lora:
             sd = {n: p for n, p in self._trainable}
         else:
             sd = self.model.state_dict()
@@ -393,9 +377,9 @@ class NeuralDetector:
             if key in theirs and theirs[key] != ours[key]:
                 raise DataError(f"state was saved with {key}={theirs[key]!r}, this detector has {ours[key]!r}")
         missing, unexpected = self.model.load_state_dict(
-            {k: v.to(self.device) for k, v in sd["model"].items()}, strict=not self.lora
+            {k: v.to(self.device) for k, v in sd["model"].items()}, strict=not self.cfg.lora
         )
-        if unexpected or (self.lora and set(sd["model"]) != {n for n, _ in self._trainable}):
+        if unexpected or (self.cfg.lora and set(sd["model"]) != {n for n, _ in self._trainable}):
             raise DataError(f"state does not match the model: unexpected {list(unexpected)[:3]}")
         self.optimizer.load_state_dict(sd["optimizer"])
         self.step = int(sd.get("step", 0))
@@ -451,5 +435,5 @@ class NeuralDetector:
 
     def __repr__(self) -> str:
         t, n = self.n_parameters()
-        return f"NeuralDetector({self.backbone!r}, trainable={t:,}/{n:,}, step={self.step})"
+        return f"NeuralDetector({self.cfg.backbone!r}, trainable={t:,}/{n:,}, step={self.step})"
 

@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from conversations import DataError, TurnRecord
+from conversations.bootstrap import percentile_ci, resample_counts
 from discriminator.features import normalise_turn_text
 
 MIN_ITEMS = 20
@@ -99,9 +100,7 @@ def bootstrap_accuracies(
     G = int(g.max()) + 1
     group_correct = np.stack([np.bincount(g, weights=row, minlength=G) for row in c])  # [D, G]
     group_n = np.bincount(g, minlength=G).astype(np.float64)  # [G]
-    rng = np.random.default_rng(seed)
-    # W[b, j]: how often group j is drawn in resample b; each resample draws G groups
-    W = rng.multinomial(G, np.full(G, 1.0 / G), size=n_boot).astype(np.float64)  # [n_boot, G]
+    W = resample_counts(G, n_boot, seed)  # [n_boot, G]: how often group j is drawn in resample b
     accs = 100.0 * (W @ group_correct.T) / (W @ group_n)[:, None]  # [n_boot, D]
     return accs[:, 0] if np.ndim(correct) == 1 else accs
 
@@ -125,9 +124,7 @@ def bootstrap_ci(
             stat = stat.max(axis=1)
     else:
         stat = np.asarray(statistic(accs))
-    a = (1.0 - level) / 2.0
-    lo, hi = np.quantile(stat, [a, 1.0 - a])
-    return float(lo), float(hi)
+    return percentile_ci(stat, level)
 
 
 def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
@@ -286,6 +283,50 @@ def _detector_kwargs(name: str, seed: int, neural_kwargs: dict | None, detector_
     return kw
 
 
+def cross_fit(name: str, kw: dict, items: Sequence[TurnRecord], y: np.ndarray, fold_of: np.ndarray, folds: int,
+              progress: Callable[[str], None] | None = None) -> tuple[np.ndarray, dict[str, float]]:
+    """Out-of-fold log-odds [n] of one fresh detector family: fitted on every fold but k, scored on fold k. A
+    stateful detector (the neural one) is built once and reset to its untrained state per fold: loading a backbone
+    costs seconds, restoring its initial weights and optimiser does not."""
+    scores = np.zeros(len(items), dtype=np.float64)
+    fit_s = score_s = 0.0
+    proto, fresh = None, None
+    for k in range(folds):
+        train, test = np.flatnonzero(fold_of != k), np.flatnonzero(fold_of == k)
+        if progress:
+            progress(f"{name}: fold {k + 1}/{folds} (fit {len(train)}, score {len(test)})")
+        if proto is not None:
+            proto.load_state_dict(fresh)
+            det = proto
+        else:
+            det = make_detector(name, **kw)
+            if hasattr(det, "state_dict") and hasattr(det, "load_state_dict"):
+                proto, fresh = det, det.state_dict()
+        t0 = time.perf_counter()
+        det.fit([items[i] for i in train], y[train])
+        t1 = time.perf_counter()
+        scores[test] = det.score([items[i] for i in test])
+        fit_s += t1 - t0
+        score_s += time.perf_counter() - t1
+    return scores, {"fit_seconds": round(fit_s, 3), "score_seconds": round(score_s, 3)}
+
+
+def detector_report(scores: np.ndarray, y: np.ndarray, items: Sequence[TurnRecord], groups: np.ndarray, n_boot: int,
+                    seed: int) -> dict[str, Any]:
+    """One detector's part of the report from its out-of-fold scores."""
+    acc = accuracy(scores, y)
+    pacc, _ = paired_accuracy(scores, y, items)
+    return {
+        "accuracy": acc,
+        "auc": roc_auc(scores, y),
+        "td": turing_distance(acc),
+        "td_ci95": list(bootstrap_ci((scores > 0) == y, groups, n_boot, seed)),
+        "signed": acc - 50.0,
+        "paired_accuracy": pacc,
+        "paired_td": None if pacc is None else turing_distance(pacc),
+    }
+
+
 def measure_td(
     real_items: Sequence[TurnRecord],
     sim_items: Sequence[TurnRecord],
@@ -335,41 +376,8 @@ def measure_td(
     per: dict[str, dict[str, Any]] = {}
     for d, name in enumerate(detectors):
         kw = _detector_kwargs(name, seed, neural_kwargs, detector_kwargs)
-        fit_s = score_s = 0.0
-        proto, fresh = None, None
-        for k in range(folds):
-            train, test = np.flatnonzero(fold_of != k), np.flatnonzero(fold_of == k)
-            if progress:
-                progress(f"{name}: fold {k + 1}/{folds} (fit {len(train)}, score {len(test)})")
-            if proto is not None:
-                # a stateful detector (the neural one) is built once and reset to its untrained state per fold:
-                # loading a backbone costs seconds, restoring its initial weights and optimiser does not
-                proto.load_state_dict(fresh)
-                det = proto
-            else:
-                det = make_detector(name, **kw)
-                if hasattr(det, "state_dict") and hasattr(det, "load_state_dict"):
-                    proto, fresh = det, det.state_dict()
-            t0 = time.perf_counter()
-            det.fit([items[i] for i in train], y[train])
-            t1 = time.perf_counter()
-            oof[d, test] = det.score([items[i] for i in test])
-            fit_s += t1 - t0
-            score_s += time.perf_counter() - t1
-        del proto, fresh
-        acc = accuracy(oof[d], y)
-        pacc, n_pairs = paired_accuracy(oof[d], y, items)
-        per[name] = {
-            "accuracy": acc,
-            "auc": roc_auc(oof[d], y),
-            "td": turing_distance(acc),
-            "td_ci95": list(bootstrap_ci((oof[d] > 0) == y, groups, n_boot, seed)),
-            "signed": acc - 50.0,
-            "paired_accuracy": pacc,
-            "paired_td": None if pacc is None else turing_distance(pacc),
-            "fit_seconds": round(fit_s, 3),
-            "score_seconds": round(score_s, 3),
-        }
+        oof[d], seconds = cross_fit(name, kw, items, y, fold_of, folds, progress)
+        per[name] = {**detector_report(oof[d], y, items, groups, n_boot, seed), **seconds}
     # headline: the strictest judge; ties go to the first in panel order
     tds = [per[n]["td"] for n in detectors]
     head = detectors[int(np.argmax(tds))]

@@ -226,14 +226,12 @@ def _words(text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
-def _ngrams(words: list[str], n: int) -> set[tuple]:
-    return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
 
 
 def repetition(turns: Sequence[str], n: int = 3) -> float:
     """The largest share of a later user turn's word n-grams that an earlier turn of the same conversation already
     had (0: every turn new; 1: a turn repeated)."""
-    grams = [_ngrams(_words(t), n) for t in turns]
+    grams = [set(_ngrams(_words(t), n)) for t in turns]
     worst = 0.0
     for j in range(1, len(grams)):
         if not grams[j]:

@@ -1,5 +1,9 @@
 """SFT warm start: fine-tune the simulator on real user turns with TRL's SFTTrainer, loss on the user side only.
 
+Configuration: `SFTArgs` (ours: model, data, LoRA, the prompt budget, held-out perplexity, what is saved) beside TRL's
+`SFTConfig` (optimiser, schedule, batch, `max_length`, seed, output folder), parsed together as the main job parses
+its config beside `GRPOConfig`.
+
 Each real turn becomes a prompt-completion example: the prompt is the role-flipped conversation (`fit_messages`,
 exactly what the simulator sees at sampling time), the completion the real user turn as the simulator's (assistant)
 message, with END_MARKER on the last turn of a conversation. TRL applies the chat template and, with
@@ -36,17 +40,12 @@ _MIN_PROMPT_TOKENS = 64
 
 @dataclass
 class SFTArgs:
+    """What the warm start needs besides TRL's `SFTConfig` (which holds the optimiser, schedule, batch, `max_length`,
+    seed, output folder and logging): the model, the data and how a turn becomes an example, LoRA, the held-out
+    perplexity, and what is saved. The CLI parses both side by side (`parse_config((SFTArgs, SFTConfig), argv)`)."""
+
     model: str = "smollm2-135m-instruct"
     data: str = "sharegpt"
-    output_dir: str = "outputs/sft"
-    max_steps: int = 40
-    per_device_train_batch_size: int = 8
-    gradient_accumulation_steps: int = 1
-    learning_rate: float = 2e-4
-    lr_scheduler_type: str = "cosine"
-    warmup_ratio: float = 0.05
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
     use_lora: bool = True
     lora_r: int = 16
     lora_alpha: int = 32
@@ -59,8 +58,6 @@ class SFTArgs:
     max_context_tokens: int = 256
     # turns longer than this are left out (not cut: a cut turn would teach the simulator to stop mid-sentence)
     max_turn_chars: Optional[int] = 500
-    # prompt + completion tokens
-    max_length: int = 512
     skip_first: bool = False
     # training turns drawn from the train split (None: max_steps x batch x accumulation, one pass)
     train_turns: Optional[int] = None
@@ -69,15 +66,13 @@ class SFTArgs:
     eval_batch_size: int = 8
     val_frac: float = 0.05
     test_frac: float = 0.05
-    seed: int = 0
-    dtype: str = "auto"
+    # warm-up as a share of the steps (transformers 5 takes it as a fractional warmup_steps)
+    warmup_ratio: float = 0.05
+    dtype: str = "auto"  # precision: auto, bf16 or fp32 (conversations.precision)
     device: Optional[str] = None
-    gradient_checkpointing: bool = False
-    logging_steps: int = 5
     save_adapter: bool = True
     # also save the adapter merged into the base: a plain model folder the next stage loads as is
     save_merged: bool = True
-    trust_remote_code: bool = False
 
     def __post_init__(self):
         from conversations.assets import check_model_name
@@ -85,21 +80,50 @@ class SFTArgs:
         from conversations.precision import normalise_dtype
 
         check_ranges(self, SFT_RANGES)
-        if self.max_length <= self.max_context_tokens:
-            raise ConfigError(f"max_length ({self.max_length}) must be larger than max_context_tokens "
-                              f"({self.max_context_tokens}) to leave room for the user turn; raise --max_length or lower "
-                              "--max_context_tokens")
         self.dtype = normalise_dtype(self.dtype)
         check_model_name(self.model, "model")
 
 
 SFT_RANGES = {
-    "max_steps": ">= 1", "per_device_train_batch_size": ">= 1", "gradient_accumulation_steps": ">= 1",
-    "learning_rate": "> 0", "warmup_ratio": "[0, 1)", "weight_decay": ">= 0", "max_grad_norm": ">= 0", "lora_r": ">= 1",
-    "lora_alpha": "> 0", "lora_dropout": "[0, 1)", "max_context_messages": ">= 0", "max_turn_chars": ">= 1",
-    "max_context_tokens": f">= {_MIN_PROMPT_TOKENS}", "max_length": ">= 16", "train_turns": ">= 1", "eval_turns": ">= 0",
-    "eval_batch_size": ">= 1", "val_frac": "[0, 0.5)", "test_frac": "[0, 0.5)", "seed": ">= 0", "logging_steps": ">= 1",
+    "warmup_ratio": "[0, 1)", "lora_r": ">= 1", "lora_alpha": "> 0", "lora_dropout": "[0, 1)",
+    "max_context_messages": ">= 0", "max_turn_chars": ">= 1", "max_context_tokens": f">= {_MIN_PROMPT_TOKENS}",
+    "train_turns": ">= 1", "eval_turns": ">= 0", "eval_batch_size": ">= 1", "val_frac": "[0, 0.5)",
+    "test_frac": "[0, 0.5)",
 }
+# our defaults for TRL's SFTConfig (its own defaults are a GPU's: bf16, 1024 tokens, gradient checkpointing on)
+SFT_CONFIG_DEFAULTS = {
+    "output_dir": "outputs/sft", "max_steps": 40, "per_device_train_batch_size": 8, "learning_rate": 2e-4,
+    "lr_scheduler_type": "cosine", "max_length": 512, "logging_steps": 5, "save_strategy": "no", "report_to": "none",
+    "completion_only_loss": True, "packing": False, "gradient_checkpointing": False, "dataloader_num_workers": 0,
+    "disable_tqdm": True,
+}
+
+
+def sft_config(**fields):
+    """TRL's SFTConfig with our defaults (`SFT_CONFIG_DEFAULTS`) and `fields` over them."""
+    import torch
+    from trl import SFTConfig
+
+    # without a GPU, fp32 until `prepare_config` applies the run's precision (transformers refuses bf16 without use_cpu)
+    on_cpu = {} if torch.cuda.is_available() else {"use_cpu": True, "bf16": False}
+    return SFTConfig(**{**SFT_CONFIG_DEFAULTS, **on_cpu, **fields})
+
+
+def prepare_config(args: SFTArgs, config, device: str) -> None:
+    """Fit a parsed SFTConfig to `args`: the run's precision, the warm-up ratio, checkpointing kwargs, and the check
+    that a turn fits beside the prompt."""
+    from conversations.precision import apply_precision, resolve_precision
+
+    if config.max_length is None or config.max_length <= args.max_context_tokens:
+        raise ConfigError(f"max_length ({config.max_length}) must be larger than max_context_tokens "
+                          f"({args.max_context_tokens}) to leave room for the user turn; raise --max_length or lower "
+                          "--max_context_tokens")
+    apply_precision(config, resolve_precision(args.dtype, device))
+    if not config.warmup_steps and args.warmup_ratio:
+        config.warmup_steps = args.warmup_ratio  # a float < 1: a share of the steps
+    if config.gradient_checkpointing and config.gradient_checkpointing_kwargs is None:
+        config.gradient_checkpointing_kwargs = {"use_reentrant": False}
+    config.data_seed = config.seed
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -245,60 +269,24 @@ def _draw(records: list[TurnRecord], n: int, seed: int) -> list[TurnRecord]:
     return records[:n]
 
 
-def _write_info(folder: Path, args: SFTArgs, metrics: dict) -> None:
+def _write_info(folder: Path, args: SFTArgs, config, metrics: dict) -> None:
     info = {
         "prompt_format_version": PROMPT_FORMAT_VERSION,
         "end_marker": END_MARKER,
         "base_model": args.model,
         "max_context_tokens": args.max_context_tokens,
         "sft": _jsonable({k: v for k, v in metrics.items() if k.startswith(("ppl", "train", "n_"))}),
-        "config": to_jsonable(args),
+        "config": {"sft": to_jsonable(args), "trainer": to_jsonable(config)},
     }
     (folder / "generator_info.json").write_text(json.dumps(info, indent=2))
 
 
-def make_sft_config(args: SFTArgs, device: str):
-    """TRL SFTConfig for `args`: completion-only loss, no checkpoints, the run's precision (`args.dtype`, resolved by
-    `conversations.precision`: bf16 autocast on a GPU and on a CPU where bf16 is fast, fp32 otherwise)."""
-    from trl import SFTConfig
-
-    from conversations.precision import resolve_precision, trainer_precision_kwargs
-    return SFTConfig(
-        output_dir=str(Path(args.output_dir) / "trainer"),
-        max_steps=args.max_steps,
-        per_device_train_batch_size=args.per_device_train_batch_size,
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-        learning_rate=args.learning_rate,
-        lr_scheduler_type=args.lr_scheduler_type,
-        warmup_steps=int(args.warmup_ratio * args.max_steps),
-        weight_decay=args.weight_decay,
-        max_grad_norm=args.max_grad_norm,
-        logging_steps=args.logging_steps,
-        save_strategy="no",
-        report_to="none",
-        seed=args.seed,
-        data_seed=args.seed,
-        max_length=args.max_length,
-        completion_only_loss=True,
-        packing=False,
-        **trainer_precision_kwargs(resolve_precision(args.dtype, device), device),
-        gradient_checkpointing=args.gradient_checkpointing,
-        gradient_checkpointing_kwargs={"use_reentrant": False} if args.gradient_checkpointing else None,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-    )
-
-
-def make_trainer(args: SFTArgs, model, tokenizer, train_records: Sequence[TurnRecord], callbacks=None):
+def make_trainer(args: SFTArgs, config, model, tokenizer, train_records: Sequence[TurnRecord], callbacks=None):
     """An SFTTrainer over the prompt-completion examples of `train_records` (the model is trained in place)."""
     from trl import SFTTrainer
 
-    from generator.model import pick_device
-
-    dataset = build_sft_dataset(
-        train_records, tokenizer, max_context_tokens=args.max_context_tokens, max_length=args.max_length
-    )
-    config = make_sft_config(args, pick_device(args.device))
+    dataset = build_sft_dataset(train_records, tokenizer, max_context_tokens=args.max_context_tokens,
+                                max_length=config.max_length)
     trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks)
     # progress to stderr: stdout carries the CLI's JSON summary only
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -329,51 +317,56 @@ def _round(v):
 
 def run_sft(
     args: SFTArgs,
+    config=None,
     train_records: Sequence[TurnRecord] | None = None,
     eval_records: Sequence[TurnRecord] | None = None,
     callbacks=None,
 ) -> dict[str, Any]:
-    """Fine-tune `args.model` on real user turns. Records default to the train / val splits of `args.data`. Returns
-    metrics: ppl_before, ppl_after (held-out real user turns), train_loss, train_runtime_s, n_train, n_eval, and the
-    saved folders (adapter_dir, merged_dir, model_dir: the one to load next)."""
+    """Fine-tune `args.model` on real user turns with TRL's SFTTrainer (`config`: an SFTConfig, default
+    `sft_config()`). Records default to the train / val splits of `args.data`. Returns metrics: ppl_before, ppl_after
+    (held-out real user turns), train_loss, train_runtime_s, n_train, n_eval, and the saved folders (adapter_dir,
+    merged_dir, model_dir: the one to load next). The trainer's own files go to OUTPUT_DIR/trainer."""
     import torch
 
     from generator.model import LoraSettings, count_trainable, load_generator, pick_device, training_dtype
 
     t0 = time.time()
-    n_train = args.train_turns or args.max_steps * args.per_device_train_batch_size * args.gradient_accumulation_steps
+    config = config or sft_config()
+    device = pick_device(args.device)
+    out_dir = Path(config.output_dir)
+    prepare_config(args, config, device)
+    config.output_dir = str(out_dir / "trainer")
+    n_train = args.train_turns or config.max_steps * config.per_device_train_batch_size * config.gradient_accumulation_steps
     if train_records is None:
-        train_records = _draw(_load_records(args, "train"), n_train, args.seed)
+        train_records = _draw(_load_records(args, "train"), n_train, config.seed)
     if eval_records is None:
-        eval_records = _draw(_load_records(args, "val"), args.eval_turns, args.seed + 1) if args.eval_turns else []
+        eval_records = _draw(_load_records(args, "val"), args.eval_turns, config.seed + 1) if args.eval_turns else []
     train_records, eval_records = list(train_records), list(eval_records)
     if not train_records:
         raise DataError("no training turns (check data, split fractions and max_turn_chars)", args.data)
 
-    device = pick_device(args.device)
     lora = (
         LoraSettings(r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout, target_modules=args.lora_target_modules)
         if args.use_lora
         else None
     )
-    torch.manual_seed(args.seed)  # LoRA A matrices
+    torch.manual_seed(config.seed)  # LoRA A matrices
     model, tokenizer = load_generator(
         args.model,
         lora=lora,
         dtype=training_dtype(args.dtype, device),
         device=device,
-        gradient_checkpointing=args.gradient_checkpointing,
-        trust_remote_code=args.trust_remote_code,
+        gradient_checkpointing=config.gradient_checkpointing,
+        trust_remote_code=config.trust_remote_code,
     )
     trainable, total = count_trainable(model)
-    ppl_kw = dict(max_context_tokens=args.max_context_tokens, max_length=args.max_length)
+    ppl_kw = dict(max_context_tokens=args.max_context_tokens, max_length=config.max_length)
     t_eval = time.time()
     ppl_before = heldout_perplexity(model, tokenizer, eval_records, args.eval_batch_size, **ppl_kw)
     eval_s = time.time() - t_eval
 
-    out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    trainer = make_trainer(args, model, tokenizer, train_records, callbacks)
+    trainer = make_trainer(args, config, model, tokenizer, train_records, callbacks)
     t_train = time.time()
     result = trainer.train()
     train_s = time.time() - t_train
@@ -410,14 +403,14 @@ def run_sft(
         if main:
             model.save_pretrained(str(adapter_dir))
             tokenizer.save_pretrained(str(adapter_dir))
-            _write_info(adapter_dir, args, metrics)
+            _write_info(adapter_dir, args, config, metrics)
     if args.save_merged or not args.use_lora:
         merged_dir = out_dir / "merged"
         if main:
             merged = model.merge_and_unload() if args.use_lora else model
             merged.save_pretrained(str(merged_dir), safe_serialization=True)
             tokenizer.save_pretrained(str(merged_dir))
-            _write_info(merged_dir, args, metrics)
+            _write_info(merged_dir, args, config, metrics)
     trainer.accelerator.wait_for_everyone()
     metrics["adapter_dir"] = str(adapter_dir) if adapter_dir else None
     metrics["merged_dir"] = str(merged_dir) if merged_dir else None
@@ -435,9 +428,14 @@ def _jsonable(metrics: dict) -> dict:
 
 @friendly_errors
 def main(argv: list[str] | None = None) -> dict:
+    import sys
+
+    from trl import SFTConfig
+
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    (args,) = parse_config((SFTArgs,), argv, prog="python -m generator.sft")
-    metrics = run_sft(args)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, config = parse_config((SFTArgs, SFTConfig), argv, prog="python -m generator.sft", defaults=SFT_CONFIG_DEFAULTS)
+    metrics = run_sft(args, config)
     print(json.dumps(_jsonable(metrics), indent=2))
     return metrics
 

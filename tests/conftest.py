@@ -20,3 +20,68 @@ def tiny_encoder_path():
     from conversations.assets import resolve_model
 
     return resolve_model("tiny-random-encoder")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models are dominated by per-op overhead, which extra threads only add to (and on a shared CPU, spin-waiting
+    threads make it far worse); restored afterwards so other test modules keep torch's default. A module opts in
+    with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+class ScriptedEndpoint:
+    """An OpenAI-compatible chat endpoint on loopback for tests: `answer(body, headers) -> content` writes each reply
+    (or `(status, error_body)` for an error); every request's body and headers are kept in `seen`."""
+
+    def __init__(self, answer):
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.seen: list[dict] = []
+        endpoint = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                endpoint.seen.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
+                out = answer(body, self.headers)
+                status, payload = (out if isinstance(out, tuple) else
+                                   (200, {"choices": [{"message": {"role": "assistant", "content": out}}]}))
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def scripted_endpoint():
+    """`scripted_endpoint(answer)` starts a `ScriptedEndpoint`; every one started is closed after the test."""
+    made = []
+
+    def start(answer):
+        made.append(ScriptedEndpoint(answer))
+        return made[-1]
+
+    yield start
+    for e in made:
+        e.close()

@@ -102,7 +102,31 @@ def test_two_processes_keep_discriminator_identical(tmp_path):
     out = tmp_path / "ddp"
     r = launch(out, "--max_steps", "2", "--eval_steps", "2", "--save_steps", "2", processes=2)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    ranks = sorted((out / "disc_ranks").glob("rank*.json"))
-    assert len(ranks) == 2
-    a, b = (json.loads(p.read_text())["sha256"] for p in ranks)
-    assert a == b and "discriminator identical on 2 ranks: yes" in r.stdout
+    assert "discriminator identical on 2 ranks: yes" in r.stdout
+
+
+def _curve_rows(path):
+    """curves.csv without its timing columns (seconds vary run to run; every other value is fixed by the seed)."""
+    with open(path) as f:
+        return [{k: v for k, v in row.items() if not k.endswith("seconds")} for row in csv.DictReader(f)]
+
+
+def test_smoke_curve_rows_are_pinned(smoke_run):
+    """The same seed gives the same curve rows: the smoke run's curves.csv (every column but the timings) equals the
+    one pinned in tests/data/smoke_curves.csv, written by this code before the refactors that followed it (the run
+    state object, the data object, the library calls). A change that moves a row is a behaviour change: say so, and
+    re-pin with `python tests/data/pin_smoke_curves.py`."""
+    out, _ = smoke_run
+    pinned_on = json.loads((ROOT / "tests" / "data" / "smoke_curves.cpu.json").read_text())
+    if pinned_on != pin_fingerprint():
+        # fp32 kernels differ between CPU families (AVX-512 vs AVX2, AMX): a sampled token moves and every row after
+        pytest.skip(f"curves pinned on another CPU/torch ({pinned_on}); re-pin there with tests/data/pin_smoke_curves.py")
+    assert _curve_rows(out / "curves.csv") == _curve_rows(ROOT / "tests" / "data" / "smoke_curves.csv")
+
+
+def pin_fingerprint() -> dict:
+    """What the pinned rows depend on besides the code: the CPU model, its vector extensions and torch's version."""
+    from conversations.precision import _cpu_fingerprint
+
+    fp = _cpu_fingerprint()
+    return {"cpu": fp["cpu"], "flags": fp["flags"], "torch": fp["torch"]}

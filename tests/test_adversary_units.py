@@ -30,6 +30,15 @@ class FakeDisc:
         self.updates.append((len(items), list(labels)))
         return 0.5
 
+    def observe(self, items, labels):
+        self.observed = getattr(self, "observed", 0) + len(items)
+
+
+def _state(cfg, disc=None):
+    from adversary.state import AdversaryState
+
+    return AdversaryState(cfg, disc or FakeDisc(), max_steps=None, seed=0)
+
 
 def test_discriminator_reward_clips_strips_marker_and_feeds_buffer():
     buf = ReplayBuffer(size=8)
@@ -53,6 +62,16 @@ def test_nonfinite_discriminator_scores_are_counted_and_zeroed():
     assert out == [0.0, 1.0] and faults.counts == {"reward": 1}
 
 
+def test_non_saturating_reward_exact():
+    from adversary.reward import disc_reward
+
+    z = np.array([-20.0, -1.0, 0.0, 3.0, 50.0])
+    np.testing.assert_allclose(disc_reward(z, "log_d", 5.0), [-5.0, -np.log1p(np.e), -np.log(2), -np.log1p(np.exp(-3)),
+                                                               -np.log1p(np.exp(-50))])
+    assert disc_reward(z, "log_d", 5.0).max() <= 0  # no reward for "more real than real"
+    np.testing.assert_allclose(disc_reward(z, "logit", 5.0), [-5.0, -1.0, 0.0, 3.0, 5.0])
+
+
 def test_realism_terms_exact():
     assert LengthReward()(prompts=None, completions=["abcd", "a" * 9], real_turn=["abcd", "a"]) == [0.0, -math.log(5)]
     copy = CopyReward()(prompts=None, completions=["Hello! How can I help you today?", "zzz"], context=[json.dumps(CTX)] * 2)
@@ -63,7 +82,7 @@ def test_realism_terms_exact():
 
 def test_build_rewards_skips_zero_weights_but_keeps_disc():
     cfg = AdversaryConfig(w_disc=0.0, w_length=0.0, w_copy=0.3, w_assistant=0.0)
-    funcs, weights = build_rewards(cfg, FakeDisc(), ReplayBuffer())
+    funcs, weights = build_rewards(cfg, _state(cfg))
     assert [f.__name__ for f in funcs] == ["disc", "copy"] and weights == [0.0, 0.3]
 
 
@@ -83,11 +102,12 @@ def test_replay_buffer_balanced_and_roundtrip():
     assert list(b2.items) == list(buf.items) and b2.sample(4)[0][0].user_turn == buf.sample(4)[0][0].user_turn
 
 
-def _cotrain(cfg, disc, buf):
+def _cotrain(cfg, disc):
     class Acc:
         num_processes, is_main_process, process_index = 1, True, 0
 
-    return CoTrainCallback(cfg, disc, buf, Acc)
+    state = _state(cfg, disc)
+    return CoTrainCallback(cfg, state, Acc), state.buffer
 
 
 class _S:
@@ -103,9 +123,8 @@ def test_cotrain_guard_rails():
     from conversations import TurnRecord
 
     disc = FakeDisc()
-    buf = ReplayBuffer(size=64)
     cfg = AdversaryConfig(d_every=1, d_steps=2, disc_batch_size=4, disc_acc_ceiling=0.95, disc_acc_floor=0.6)
-    cb = _cotrain(cfg, disc, buf)
+    cb, buf = _cotrain(cfg, disc)
     # simulated turns long (scored simulated) and real turns short (scored real): accuracy 1.0 > ceiling -> no update
     buf.add([TurnRecord(id="a", context=CTX, user_turn="y" * 80)], ["hi"])
     cb.on_step_end(None, _S(1), _C())
@@ -115,18 +134,20 @@ def test_cotrain_guard_rails():
     cb.on_step_end(None, _S(2), _C())
     assert cb.last["disc/acc"] == 0.0 and cb.last["disc/updates"] == 4 and len(disc.updates) == 4
     assert all(labels.count(0) == labels.count(1) for _, labels in disc.updates)
+    assert disc.observed == 2  # the classical member learns the fresh pair of the round that updates (every rank)
+    assert [h["disc/updates"] for h in cb.state.cotrain_history] == [0, 4]
 
 
-def test_cotrain_reports_collapse(capsys):
+def test_cotrain_reports_collapse(capsys, monkeypatch):
+    import adversary.cotrain as cotrain
     from conversations import TurnRecord
 
-    disc, buf = FakeDisc(), ReplayBuffer(size=64)
-    cb = _cotrain(AdversaryConfig(), disc, buf)
-    cb.collapse_window = 3
+    monkeypatch.setattr(cotrain, "COLLAPSE_WINDOW", 3)
+    cb, buf = _cotrain(AdversaryConfig(), FakeDisc())
     for step in range(1, 4):
         buf.add([TurnRecord(id=str(step), context=CTX, user_turn="y" * 80)], ["hi"])
         cb.on_step_end(None, _S(step), _C())
-    assert "discriminator collapse" in capsys.readouterr().out and cb.last["disc/collapse"] == 1
+    assert "discriminator collapse" in capsys.readouterr().out and cb.state.cotrain_history[-1]["disc/collapse"] == 1
 
 
 def test_fault_guard_skips_nonfinite_step_and_stops():
@@ -164,8 +185,7 @@ def test_config_validation_messages():
 
 def test_metric_callbacks_run_before_the_reporters(tmp_path):
     # disc/* and faults/* are added to the logs in on_log: TensorBoard (registered first by the Trainer) must see them
-    from adversary.cotrain import FaultCounter, ReplayBuffer
-    from adversary.gate import PlateauGate
+    from adversary.heldout import HeldoutMeter
     from adversary.loop import build_trainer
     from adversary.stages import make_discriminator, prepare_data
     from adversary.train import parse_args
@@ -174,8 +194,8 @@ def test_metric_callbacks_run_before_the_reporters(tmp_path):
     cfg, args = parse_args(["--config", "configs/smoke.yaml", "--output_dir", str(tmp_path), "--report_to", "tensorboard"])
     data = prepare_data(cfg, args.seed)
     model, tok = load_generator(cfg.model)
-    trainer, _, _ = build_trainer(cfg, args, model, tok, make_discriminator(cfg, args.seed), data, gate=PlateauGate(),
-                                  rows=[], buffer=ReplayBuffer(cfg.replay_size, seed=0), faults=FaultCounter(3))
+    state = _state(cfg, make_discriminator(cfg, args.seed))
+    trainer = build_trainer(cfg, args, model, tok, state, data, meter=HeldoutMeter(cfg, data, tok, state, tmp_path))
     names = [type(c).__name__ for c in trainer.callback_handler.callbacks]
     first_reporter = names.index("TensorBoardCallback")
     assert names.index("FaultGuard") < first_reporter and names.index("CoTrainCallback") < first_reporter

@@ -13,14 +13,7 @@ from agent_rl.evaluate import EPISODES_FILE, read_episodes
 from agent_rl.evaluate import main as evaluate_main
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _matrix(out: Path):

@@ -7,7 +7,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -68,28 +67,11 @@ def test_roleplay_recognition_extracts_goal_question_and_history():
 @pytest.fixture(scope="module")
 def upstream():
     """A scripted OpenAI-compatible judge on loopback: answers every request with a fixed judgment, records them."""
-    seen = []
+    from conftest import ScriptedEndpoint
 
-    class H(BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            seen.append(body)
-            data = json.dumps({"choices": [{"message": {"role": "assistant",
-                                                        "content": '{"judgment": "No", "feedback": "Not quite."}'}}]})
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data.encode())
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/v1", seen
-    srv.shutdown()
-    srv.server_close()
+    ep = ScriptedEndpoint(lambda body, headers: '{"judgment": "No", "feedback": "Not quite."}')
+    yield ep.url, ep.seen
+    ep.close()
 
 
 @pytest.fixture(scope="module")
@@ -139,8 +121,9 @@ def test_judge_calls_are_forwarded_upstream(server, upstream):
     before = len(seen)
     out = client(server).chat.completions.create(model="m", messages=judge_request(), temperature=0.0, max_tokens=64)
     assert json.loads(out.choices[0].message.content) == {"judgment": "No", "feedback": "Not quite."}
-    assert len(seen) == before + 1 and seen[-1]["messages"] == judge_request() and seen[-1]["max_tokens"] == 64
-    assert seen[-1]["model"] == "judge-model" and seen[-1]["temperature"] == 0.0
+    last = seen[-1]["body"]
+    assert len(seen) == before + 1 and last["messages"] == judge_request() and last["max_tokens"] == 64
+    assert last["model"] == "judge-model" and last["temperature"] == 0.0
 
 
 def test_standard_and_agent_orientations(server):

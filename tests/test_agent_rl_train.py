@@ -15,12 +15,7 @@ from conversations.config import ConfigError, parse_config
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class EchoGym(Gym):
@@ -155,3 +150,37 @@ def test_smoke_training_updates_the_adapter(echo_gym, tmp_path):
     assert (saved / "adapter_config.json").exists() and (saved / "agent_rl.json").exists()
     agent = load_agent(str(saved), max_new_tokens=4)
     assert len(run_episodes(agent, ScriptedUser("oracle"), episode_specs([echo_gym], "test", max_turns=1))) == 1
+
+
+def test_oracle_examples_are_the_oracle_turns_in_the_agents_own_chat():
+    from agent_rl.sft import oracle_examples
+
+    rows = oracle_examples(["travel", "function"])
+    from agent_rl.gyms import get_gym
+
+    assert {r["gym"] for r in rows} == {"travel", "function"}
+    first = rows[0]
+    task = get_gym(first["gym"]).tasks("train")[0]
+    assert first["prompt"][0]["role"] == "system" and first["prompt"][1] == {"role": "user", "content": task.opening}
+    assert first["completion"][0]["content"] == get_gym(first["gym"]).oracle_turn(task, 0)
+    assert all(r["completion"][0]["content"].startswith(("[action]", "[answer]")) for r in rows)
+    # a later turn's prompt holds the earlier oracle turn and the scripted user's reply to it
+    second = next(r for r in rows[1:] if len(r["prompt"]) > 2)
+    assert second["prompt"][2]["role"] == "assistant" and second["prompt"][3]["role"] == "user"
+
+
+def test_agent_sft_cli_trains_an_adapter_the_agent_loader_reads(tmp_path, tiny_lm_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "sft"
+    cmd = [sys.executable, str(ROOT / "agent_rl" / "sft.py"), "--agent_model", tiny_lm_path, "--gyms", "function",
+           "--max_steps", "2", "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "1",
+           "--dtype", "fp32", "--output_dir", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads((out / "agent_sft.json").read_text())
+    assert summary["steps"] == 2 and summary["examples"] > 10 and (out / "adapter_config.json").exists()
+    agent = load_agent(str(out))
+    assert isinstance(agent, PolicyAgent)

@@ -18,15 +18,7 @@ from generator.engine import SamplingSettings
 from conversations import DataError
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # tiny models gain nothing from intra-op threads, and on a shared 2-core machine they lose a lot to contention
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -99,36 +91,13 @@ def test_unknown_specs_are_refused():
             load_simulator(spec)
 
 
-@pytest.fixture
-def fake_openai():
-    """A stand-in OpenAI-compatible endpoint that records what it receives and answers 'reply N'."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+def test_openai_user_sends_role_flipped_messages_with_the_key(scripted_endpoint, monkeypatch, caplog):
+    """A stand-in OpenAI-compatible endpoint records what it receives and answers 'reply N'."""
+    import itertools
 
-    seen = []
-
-    class H(BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            seen.append({"auth": self.headers.get("Authorization"), "path": self.path, **body})
-            data = json.dumps({"choices": [{"message": {"role": "assistant", "content": f"reply {len(seen)}"}}]})
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data.encode())
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/v1", seen
-    srv.shutdown()
-    srv.server_close()
-
-
-def test_openai_user_sends_role_flipped_messages_with_the_key(fake_openai, monkeypatch, caplog):
-    url, seen = fake_openai
+    n = itertools.count(1)  # next() on a count is atomic: the server answers from several threads
+    ep = scripted_endpoint(lambda body, headers: f"reply {next(n)}")
+    url = ep.url
     monkeypatch.setenv("AGENT_RL_TEST_KEY", "k-123")
     sim = load_simulator(f"openai:gpt-user@{url}", SamplingSettings(max_new_tokens=4), api_key_env="AGENT_RL_TEST_KEY")
     assert isinstance(sim, OpenAIUser) and "k-123" not in repr(sim)
@@ -137,8 +106,9 @@ def test_openai_user_sends_role_flipped_messages_with_the_key(fake_openai, monke
         replies = sim.reply(reqs)
     assert sorted(replies) == ["reply 1", "reply 2"]
     assert "k-123" not in caplog.text
-    for body in seen:
-        assert body["auth"] == "Bearer k-123" and body["path"] == "/v1/chat/completions"
+    for req in ep.seen:
+        body = req["body"]
+        assert req["auth"] == "Bearer k-123" and req["path"] == "/v1/chat/completions"
         assert body["model"] == "gpt-user" and body["max_tokens"] == 4
         msgs = body["messages"]
         # the user's point of view: the goal in the system prompt, the agent's question last, as 'user'

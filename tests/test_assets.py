@@ -3,6 +3,7 @@ import torch
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
 from conversations.assets import is_asset, resolve_model
+from conversations.schema import DataError
 
 
 def test_tiny_random_loads_and_generates(tiny_lm_path):
@@ -20,10 +21,19 @@ def test_tiny_encoder_loads(tiny_encoder_path):
     assert model.config.hidden_size == 32
 
 
-def test_unknown_names_pass_through():
+def test_hub_ids_pass_through_online_and_are_refused_offline(monkeypatch):
+    import conversations.assets as assets
+
+    monkeypatch.setattr(assets, "_in_hub_cache", lambda name: False)  # an empty local cache
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     assert not is_asset("Qwen/Qwen3-8B")
-    assert resolve_model("Qwen/Qwen3-8B") == "Qwen/Qwen3-8B"
-    assert resolve_model("/some/path") == "/some/path"
+    assert resolve_model("Qwen/Qwen3-8B") == "Qwen/Qwen3-8B"  # the hub may still serve it
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(DataError, match="'Qwen/Qwen3-8B' is not an embedded asset, not a local folder and not in the"):
+        resolve_model("Qwen/Qwen3-8B")
+    with pytest.raises(DataError, match="no such local folder"):
+        resolve_model("/some/path")
 
 
 @pytest.mark.slow

@@ -5,8 +5,6 @@ import json
 import random
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -99,43 +97,21 @@ def test_termination_and_conversation_diagnostics_exact():
 
 
 @pytest.fixture()
-def scripted_judge():
+def scripted_judge(scripted_endpoint):
     """An OpenAI-compatible judge on loopback. mode 'human': says HUMAN to every conversation and 4 (cannot tell) to
-    every pair; mode 'oracle': knows which conversation or turn is real from the real texts it was given."""
-    state = {"mode": "human", "real_texts": set(), "seen": 0, "auth": []}
+    every pair; mode 'oracle': knows the answer (the templated user's sentence, or the real turns' texts it was given)."""
+    state = {"mode": "human", "real_texts": set()}
 
-    class H(BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
+    def answer(body, headers):
+        prompt = body["messages"][-1]["content"]
+        if "1 to 7" in prompt:  # pairwise
+            a = prompt.split("Message A:\n", 1)[1].split("\n\nMessage B:", 1)[0]
+            return "4" if state["mode"] == "human" else ("1" if a in state["real_texts"] else "7")
+        return "HUMAN" if state["mode"] == "human" or TEMPLATE not in prompt else "AI"
 
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            state["seen"] += 1
-            state["auth"].append(self.headers.get("Authorization"))
-            prompt = body["messages"][-1]["content"]
-            if "1 to 7" in prompt:  # pairwise
-                a = prompt.split("Message A:\n", 1)[1].split("\n\nMessage B:", 1)[0]
-                if state["mode"] == "human":
-                    answer = "4"
-                else:
-                    answer = "1" if a in state["real_texts"] else "7"
-            else:
-                if state["mode"] == "human":
-                    answer = "HUMAN"
-                else:
-                    answer = "AI" if TEMPLATE in prompt else "HUMAN"
-            data = json.dumps({"choices": [{"message": {"role": "assistant", "content": answer}}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/v1", state
-    srv.shutdown()
-    srv.server_close()
+    ep = scripted_endpoint(answer)
+    state["endpoint"] = ep
+    return ep.url, state
 
 
 def test_judges_end_to_end_against_a_scripted_judge(corpus, scripted_judge, tmp_path, monkeypatch):
@@ -147,14 +123,14 @@ def test_judges_end_to_end_against_a_scripted_judge(corpus, scripted_judge, tmp_
     judge = make_judge(f"openai:judge@{url}", cache_dir=tmp_path / "cache", api_key_env="JUDGE_TEST_KEY")
     rep = judge_single(judge, real, sim, n_boot=200)
     assert rep.accuracy == 50.0 and rep.td == 0.0 and rep.extra["human_rate_on_real"] == 1.0
-    assert state["auth"][0] == "Bearer sk-judge-secret" and "sk-judge" not in repr(judge.client)
+    assert state["endpoint"].seen[0]["auth"] == "Bearer sk-judge-secret" and "sk-judge" not in repr(judge.client)
     state["mode"] = "oracle"
     rep = judge_single(make_judge(f"openai:judge@{url}", cache_dir=tmp_path / "cache2"), real, sim, n_boot=200)
     assert rep.accuracy == 100.0 and rep.td == 50.0
     # an interrupted evaluation resumes from the cache: the same requests reach the judge no more
-    before = state["seen"]
+    before = len(state["endpoint"].seen)
     again = judge_single(make_judge(f"openai:judge@{url}", cache_dir=tmp_path / "cache2"), real, sim, n_boot=200)
-    assert state["seen"] == before and again.td == 50.0
+    assert len(state["endpoint"].seen) == before and again.td == 50.0
     # pairwise: real turns and templated ones for the same contexts, order by a hash of the pair
     from conversations import TurnRecord
 

@@ -10,14 +10,7 @@ from discriminator.controls import real_halves, templated
 from discriminator.neural import NeuralDetector
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny models are dominated by per-op overhead, which extra threads only add to (and on a shared CPU, spin-waiting
-    # threads make it far worse); restored afterwards so other test modules keep torch's default
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,7 @@ def test_simulate_cli_writes_paired_records(tmp_path, capsys):
     "argv, message",
     [
         (["--split", "dev"], "--split must be one of"),
-        (["--limit", "0"], "--limit must be >= 1"),
+        (["--limit", "0"], "limit must be >= 1, got 0"),
         (["--data", "missing.jsonl", "--model", "tiny-random"], "missing.jsonl"),
     ],
 )

@@ -2,8 +2,6 @@
 model (seconds each)."""
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 import torch
@@ -152,59 +150,38 @@ def test_replay_assistant_gives_the_real_replies_then_stops_the_conversation(tin
     assert conv.user_turns == 2 and conv.meta["stop"] == "replay_exhausted"
 
 
-class _ChatHandler(BaseHTTPRequestHandler):
-    seen: list = []
-
-    def do_POST(self):  # noqa: N802
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        _ChatHandler.seen.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
-        if body["model"] == "broken":
-            self.send_response(400)
-            self.end_headers()
-            self.wfile.write(b'{"error": "bad model"}')
-            return
-        reply = {"choices": [{"message": {"role": "assistant", "content": f"re: {body['messages'][-1]['content']}"}}]}
-        data = json.dumps(reply).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *a):
-        pass
-
-
 @pytest.fixture()
-def chat_server():
-    server = HTTPServer(("127.0.0.1", 0), _ChatHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    _ChatHandler.seen = []
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
+def chat_server(scripted_endpoint):
+    """Echoes the last message as 're: ...'; a request for the model 'broken' gets an HTTP 400."""
+
+    def answer(body, headers):
+        if body["model"] == "broken":
+            return 400, {"error": "bad model"}
+        return f"re: {body['messages'][-1]['content']}"
+
+    return scripted_endpoint(answer)
 
 
 def test_openai_assistant_sends_key_from_env_and_never_shows_it(chat_server, monkeypatch):
     monkeypatch.setenv("TEST_SIM_KEY", "sk-secret-123")
-    a = OpenAIAssistant(chat_server, "m1", api_key_env="TEST_SIM_KEY", system_prompt="Be nice.")
+    a = OpenAIAssistant(chat_server.url, "m1", api_key_env="TEST_SIM_KEY", system_prompt="Be nice.")
     out = a.respond([[{"role": "user", "content": "hi"}], [{"role": "user", "content": "yo"}]])
     assert out == ["re: hi", "re: yo"]
-    seen = sorted(_ChatHandler.seen, key=lambda s: s["body"]["messages"][-1]["content"])
+    seen = sorted(chat_server.seen, key=lambda s: s["body"]["messages"][-1]["content"])
     assert seen[0]["path"] == "/v1/chat/completions" and seen[0]["auth"] == "Bearer sk-secret-123"
     assert seen[0]["body"]["messages"][0] == {"role": "system", "content": "Be nice."}
     assert "sk-secret" not in repr(a) and "sk-secret" not in json.dumps(vars(a.client), default=str)
     with pytest.raises(DataError, match="HTTP 400") as e:
-        OpenAIAssistant(chat_server, "broken", api_key_env="TEST_SIM_KEY", retries=0).respond([[{"role": "user", "content": "x"}]])
+        OpenAIAssistant(chat_server.url, "broken", api_key_env="TEST_SIM_KEY", retries=0).respond([[{"role": "user", "content": "x"}]])
     assert "sk-secret" not in str(e.value)
 
 
 def test_openai_assistant_in_a_simulation(chat_server, tiny, monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    (conv,) = simulate_conversations(_engine(tiny), OpenAIAssistant(chat_server, "m"), SamplingSettings(max_new_tokens=3),
+    (conv,) = simulate_conversations(_engine(tiny), OpenAIAssistant(chat_server.url, "m"), SamplingSettings(max_new_tokens=3),
                                      n=1, max_turns=2)
     assert conv.messages[1]["content"] == "re: " + conv.messages[0]["content"]
-    assert _ChatHandler.seen[0]["auth"] is None  # no key set: unauthenticated, still works
+    assert chat_server.seen[0]["auth"] is None  # no key set: unauthenticated, still works
 
 
 @pytest.fixture(scope="module")

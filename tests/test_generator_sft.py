@@ -32,23 +32,15 @@ SMALL = dict(max_context_tokens=96, max_length=160)
 
 
 def tiny_args(tmp_path, **kw):
-    base = dict(
-        model="tiny-random",
-        output_dir=str(tmp_path / "sft"),
-        max_steps=3,
-        per_device_train_batch_size=2,
-        learning_rate=1e-2,
-        warmup_ratio=0.0,
-        lora_r=4,
-        lora_alpha=8,
-        lora_dropout=0.0,
-        eval_turns=4,
-        max_turn_chars=200,
-        logging_steps=1,
-        **SMALL,
-    )
-    base.update(kw)
-    return SFTArgs(**base)
+    """(SFTArgs, SFTConfig) of a 3-step run of the tiny model, prepared as run_sft prepares them."""
+    from generator.sft import prepare_config, sft_config
+
+    args = SFTArgs(model="tiny-random", warmup_ratio=0.0, lora_r=4, lora_alpha=8, lora_dropout=0.0, eval_turns=4,
+                   max_turn_chars=200, max_context_tokens=SMALL["max_context_tokens"], dtype="fp32", **kw)
+    config = sft_config(output_dir=str(tmp_path / "sft"), max_steps=3, per_device_train_batch_size=2,
+                        learning_rate=1e-2, logging_steps=1, max_length=SMALL["max_length"])
+    prepare_config(args, config, "cpu")
+    return args, config
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +73,7 @@ def test_long_turns_shrink_the_prompt_not_the_turn(tok):
 
 def test_trl_masks_the_prompt_exactly_like_encode_example(tiny_lm_path, tok, tmp_path):
     model, tokenizer = load_generator(tiny_lm_path, lora=LoraSettings(r=4, alpha=8))
-    trainer = make_trainer(tiny_args(tmp_path), model, tokenizer, RECORDS)
+    trainer = make_trainer(*tiny_args(tmp_path), model, tokenizer, RECORDS)
     for rec, row in zip(RECORDS, trainer.train_dataset):
         ids, mask = encode_example(tok, sft_example(rec, tok, **SMALL))
         assert row["input_ids"] == ids
@@ -95,7 +87,7 @@ def test_every_lora_parameter_changes(tiny_lm_path, tmp_path):
     torch.manual_seed(0)
     model, tokenizer = load_generator(tiny_lm_path, lora=LoraSettings(r=4, alpha=8, dropout=0.0))
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    trainer = make_trainer(tiny_args(tmp_path), model, tokenizer, RECORDS)
+    trainer = make_trainer(*tiny_args(tmp_path), model, tokenizer, RECORDS)
     trainer.train()
     after = dict(trainer.model.named_parameters())
     trainable = [n for n, p in after.items() if p.requires_grad]
@@ -143,10 +135,15 @@ def test_sft_cli_end_to_end(tmp_path, capsys):
 
 
 def test_sft_config_errors(tmp_path, capsys):
+    from generator.sft import prepare_config, sft_config
+
     with pytest.raises(ConfigError, match="max_length .* must be larger than max_context_tokens"):
-        SFTArgs(max_length=200, max_context_tokens=256)
-    with pytest.raises(ConfigError, match="learning_rate"):
-        SFTArgs(learning_rate=0)
+        prepare_config(SFTArgs(max_context_tokens=256), sft_config(max_length=200), "cpu")
+    with pytest.raises(ConfigError, match="lora_r"):
+        SFTArgs(lora_r=0)
+    with pytest.raises(SystemExit) as e:
+        main(["--learning_rate", "0", "--model", "tiny-random"])
+    assert e.value.code == 2 and "learning_rate" in capsys.readouterr().err
     bad = tmp_path / "bad.yaml"
     bad.write_text("max_stepz: 3\n")
     with pytest.raises(SystemExit) as e:

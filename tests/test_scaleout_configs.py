@@ -3,8 +3,10 @@ accelerate's own config loader and `accelerate launch` argument resolution, and 
 give the training processes builds accelerate's DeepSpeed / FSDP plugin objects (DeepSpeed itself need not be
 installed for that); configs/mimesis-9b.yaml parses with the main job's parser. No GPU, DeepSpeed or vLLM needed."""
 
+import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -143,3 +145,24 @@ def test_parsing_the_9b_preset_imports_neither_engine(monkeypatch):
     before = {m for m in ("vllm", "deepspeed") if m in sys.modules}
     parse_args(["--config", str(ROOT / "configs" / "mimesis-9b.yaml"), "--bf16", "false"])
     assert {m for m in ("vllm", "deepspeed") if m in sys.modules} == before
+
+
+def test_gpu_check_dry_run_parses_every_path(tmp_path, monkeypatch):
+    """bench/gpu_check.py --dry-run on a CPU: every path it would launch on the GPU parses its config with the job's
+    own parser and then stops only for the lack of a GPU (or of vLLM / DeepSpeed), with the message the script
+    expects; a broken path makes it exit 1."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: run bench/gpu_check.py itself")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--dry-run"], capture_output=True,
+                       text=True, cwd=ROOT, timeout=300, env={**os.environ, "OUT": str(tmp_path)})
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    lines = dict(line.split(": ", 1) for line in r.stdout.strip().splitlines())
+    assert set(lines) == {"install", "smoke_bf16", "demo_bf16", "vllm_colocate", "zero3", "heldout", "agent_rl", "mfu"}
+    assert all(v.startswith("failed ") for v in lines.values())
+    assert "no GPU is visible" in lines["smoke_bf16"] and "no GPU is visible" in lines["agent_rl"]
+    assert "vLLM is not installed" in lines["vllm_colocate"] and "use_vllm" in lines["vllm_colocate"]
+    summary = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert summary["dry_run"] and all(c["expected"] for c in summary["checks"].values())

@@ -72,7 +72,9 @@ def test_study_smoke(tmp_path):
     assert [p["step"] for p in study["plateau"]] == [2, 4] and all(p["val_ppl"] > 1 for p in study["plateau"])
     for arm in ("grpo", "dpo", "sft"):
         a = study["arms"][arm]
-        assert a["steps"] >= 1 and 6 <= a["train_wall_seconds"] < 60, (arm, a["steps"], a["train_wall_seconds"])
+        # a rounds arm does not start a round it cannot finish in what is left (less than half the last one's time)
+        assert a["steps"] >= 1 and (3 if arm == "dpo" else 6) <= a["train_wall_seconds"] < 60, \
+            (arm, a["steps"], a["train_wall_seconds"])
     for arm in ("grpo", "dpo", "sft", "warmstart"):
         a = study["arms"][arm]
         assert 0 <= a["td_ci95"][0] <= a["td"] <= a["td_ci95"][1] <= 50
