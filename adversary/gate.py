@@ -78,10 +78,10 @@ class PlateauGate:
             self.stopped, self.reason = True, reason
         return Decision(stop=reason is not None, reason=reason, is_best=is_best)
 
-    def finish(self, step: int) -> None:
-        """Training ended without the gate firing (the trainer's step budget ran out)."""
+    def finish(self, step: int, reason: str = "max_steps") -> None:
+        """Training ended without the gate firing: its budget (`reason`: max_steps, max_rounds, phase_seconds) ran out."""
         if not self.stopped:
-            self.stopped, self.reason = True, "max_steps"
+            self.stopped, self.reason = True, reason
 
     def describe(self) -> str:
         if self.reason == "target":

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import resource
 import shutil
 import time
 from pathlib import Path
@@ -159,6 +160,7 @@ def run_rounds(cfg, args, model, tokenizer, state, data, meter=None, *, resume: 
     from accelerate import PartialState
 
     from adversary.cotrain import cotrain_round
+    from adversary.stages import release_memory
     from adversary.heldout import heldout_settings
     from generator.engine import Engine, inference_copy
     from generator.model import lora_config
@@ -196,13 +198,15 @@ def run_rounds(cfg, args, model, tokenizer, state, data, meter=None, *, resume: 
     stop = False
     if meter is not None and not state.rows:
         stop = evaluate()
-    last_round = 0.0
+    last_round, ended = 0.0, "max_steps"
     while not stop:
         k = state.rounds_done
         left = cfg.phase_seconds - (time.time() - start_time) if cfg.phase_seconds else 0.0
         # a time budget does not start a round it cannot get half through (sampling and scoring come first)
-        if (cfg.max_rounds and k >= cfg.max_rounds) or (args.max_steps > 0 and step >= args.max_steps) or \
-                (cfg.phase_seconds and left <= max(0.0, 0.5 * last_round)):
+        ended = ("max_rounds" if cfg.max_rounds and k >= cfg.max_rounds else
+                 "max_steps" if args.max_steps > 0 and step >= args.max_steps else
+                 "phase_seconds" if cfg.phase_seconds and left <= max(0.0, 0.5 * last_round) else None)
+        if ended:
             break
         t0 = time.time()
         contexts = round_contexts(data, cfg, k, args.seed)
@@ -210,6 +214,7 @@ def run_rounds(cfg, args, model, tokenizer, state, data, meter=None, *, resume: 
         many = [c for c in contexts for _ in range(cfg.round_samples)]
         turns = user_turns(engine, [c.context for c in many], settings, seed=args.seed * 7919 + k)
         del engine
+        release_memory()
         samples = [turns[i * cfg.round_samples:(i + 1) * cfg.round_samples] for i in range(len(contexts))]
         sims = [TurnRecord(id=f"{c.id}@sim{j}", context=c.context, user_turn=t.text or "...")
                 for c, ts in zip(contexts, samples) for j, t in enumerate(ts)]
@@ -228,18 +233,22 @@ def run_rounds(cfg, args, model, tokenizer, state, data, meter=None, *, resume: 
         fig.update({"round": k, "step": step, "round/seconds": time.time() - t0, "round/sample_seconds": t_gen,
                     "round/dpo_steps": dpo_steps, "round/dpo_loss": float(np.mean(losses)) if losses else None,
                     "round/truncated_rate": float(np.mean([t.truncated for t in turns])),
-                    "round/end_rate": float(np.mean([t.ended for t in turns])), **{k2: v for k2, v in cot.items()
-                                                                                  if k2 != "step"}})
+                    "round/end_rate": float(np.mean([t.ended for t in turns])),
+                    "round/peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+                    **{k2: v for k2, v in cot.items() if k2 != "step"}})
         figures.append(fig)
         last_round = fig["round/seconds"]
-        print(f"[round {k}] {fig['round/pairs']} pairs, {dpo_steps} DPO steps (loss {fig['round/dpo_loss']}), "
-              f"discriminator acc on fresh {cot['disc/acc']:.3f}, {fig['round/seconds']:.0f}s", flush=True)
+        loss = f"{fig['round/dpo_loss']:.3f}" if fig["round/dpo_loss"] is not None else "-"
+        print(f"[round {k}] {fig['round/pairs']} pairs, {dpo_steps} DPO steps (loss {loss}), discriminator acc on "
+              f"fresh {cot['disc/acc']:.3f}, {fig['round/seconds']:.0f}s, peak memory {fig['round/peak_rss_mb']} MB",
+              flush=True)
         if (k + 1) % cfg.eval_rounds == 0 and (not state.rows or step > state.rows[-1]["step"]):
             stop = evaluate()
         save_round(model, state, out, k, step)
+        release_memory()
     if meter is not None and state.rows and state.rows[-1]["step"] < step and not state.gate.stopped:
         evaluate()
-    state.gate.finish(step)
+    state.gate.finish(step, ended or "max_steps")
     if meter is not None:
         meter.write_outputs()
     (out / "rounds.json").write_text(json.dumps(figures, indent=2, default=float))

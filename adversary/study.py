@@ -341,8 +341,8 @@ def main(argv=None) -> int:
     from discriminator.turing import measure_td
     from generator.diagnostics import jsonable, realism_diagnostics
 
-    cfg, args, study = parse(argv)
     quiet_libraries()
+    cfg, args, study = parse(argv)
     t_start = time.time()
     out = Path(args.output_dir)
     (out / "arms").mkdir(parents=True, exist_ok=True)

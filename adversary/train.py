@@ -55,11 +55,11 @@ def resolve_resume(cfg, args) -> Path | None:
 @friendly_errors
 def main(argv=None) -> int:
     t_start = time.time()
+    quiet_libraries()  # first: parsing TRL's config already warns about renamed transformers fields
     cfg, args = parse_args(argv)
     from generator.model import check_vllm
 
     check_vllm(args.use_vllm)  # before any model loads: one line, not TRL's ImportError from inside the trainer
-    quiet_libraries()
     from accelerate import PartialState
     from transformers import set_seed
 
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     # 6. export the best checkpoint by held-out td (not the last), then the run's summary
     with timer("export"):
         frozen = stages.export_best(cfg, args, out / "best", stages.manifest(cfg, args, data, state, start_model, base))
-    stages.write_summary(out, state, base, frozen, t_start, timer.seconds)
+    stages.write_summary(out, state, base, frozen, t_start, timer)
     return 0
 
 

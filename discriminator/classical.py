@@ -56,6 +56,19 @@ class _SklearnDetector:
         if self._model is None:
             raise RuntimeError(f"{type(self).__name__} is not fitted; call fit(items, labels) first")
 
+    def _features(self, items: Sequence[TurnRecord]):
+        """The fitted family's features of `items` (what its model's decision_function takes)."""
+        raise NotImplementedError
+
+    def score(self, items: Sequence[TurnRecord]) -> np.ndarray:
+        """Log-odds that each item is real, float64 [n]."""
+        self._check_fitted()
+        if not len(items):
+            return np.zeros(0)
+        X = self._features(items)
+        with _one_thread():
+            return np.asarray(self._model.decision_function(X), dtype=np.float64).reshape(-1)
+
     def predict_proba(self, items: Sequence[TurnRecord]) -> np.ndarray:
         """P(real) per item, [n]."""
         return _sigmoid(self.score(items))
@@ -127,14 +140,8 @@ class ClassicalDetector(_SklearnDetector):
             self._model.fit(X, y)
         return self
 
-    def score(self, items: Sequence[TurnRecord]) -> np.ndarray:
-        """Log-odds that each item is real, float64 [n]."""
-        self._check_fitted()
-        if not len(items):
-            return np.zeros(0)
-        X = self._featurize(items, fit=False)
-        with _one_thread():
-            return self._model.decision_function(X).astype(np.float64)
+    def _features(self, items: Sequence[TurnRecord]):
+        return self._featurize(items, fit=False)
 
 
 class StyleDetector(_SklearnDetector):
@@ -176,11 +183,5 @@ class StyleDetector(_SklearnDetector):
             self._model.fit(X, y)
         return self
 
-    def score(self, items: Sequence[TurnRecord]) -> np.ndarray:
-        """Log-odds that each item is real, float64 [n]."""
-        self._check_fitted()
-        if not len(items):
-            return np.zeros(0)
-        X = style_features(items)
-        with _one_thread():
-            return np.asarray(self._model.decision_function(X), dtype=np.float64).reshape(-1)
+    def _features(self, items: Sequence[TurnRecord]):
+        return style_features(items)

@@ -281,7 +281,8 @@ def termination_scores(pairs: Sequence[tuple[list[bool], int]]) -> dict[str, flo
             fn += (not e) and real_end
     p = tp / (tp + fp) if tp + fp else math.nan
     r = tp / (tp + fn) if tp + fn else math.nan
-    f1 = 2 * p * r / (p + r) if p == p and r == r and p + r else math.nan
+    # no real end found (tp 0 with real ends to find): F1 is 0 however the undefined precision is read
+    f1 = 0.0 if tp == 0 and tp + fn else 2 * p * r / (p + r) if p == p and r == r and p + r else math.nan
     return {"termination_precision": p, "termination_recall": r, "termination_f1": f1, "termination_support": tp + fn}
 
 

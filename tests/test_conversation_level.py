@@ -2,6 +2,7 @@
 loopback, the conversation diagnostics, and whole simulated conversations through the CLI."""
 
 import json
+import math
 import random
 import subprocess
 import sys
@@ -80,6 +81,9 @@ def test_termination_and_conversation_diagnostics_exact():
     # conv 3 ran past the real end at turn 2 without ending (FN)
     s = termination_scores([([False, True], 2), ([True], 3), ([False, False, False], 2)])
     assert s == {"termination_precision": 0.5, "termination_recall": 0.5, "termination_f1": 0.5, "termination_support": 2}
+    never = termination_scores([([False, False], 2), ([False], 1)])  # a simulator that never ends
+    assert never["termination_f1"] == 0.0 and never["termination_recall"] == 0.0 and never["termination_support"] == 2
+    assert math.isnan(never["termination_precision"])
     assert repetition(["book a table for two", "book a table for two please"]) == 0.75  # 3 of its 4 trigrams
     assert repetition(["book a table for two", "hm", "book a table for two"]) == 1.0
     assert repetition(["hello there friend", "something else entirely new"]) == 0.0
