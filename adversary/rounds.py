@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import json
 import random
-import resource
 import shutil
 import time
 from pathlib import Path
@@ -160,7 +159,7 @@ def run_rounds(cfg, args, model, tokenizer, state, data, meter=None, *, resume: 
     from accelerate import PartialState
 
     from adversary.cotrain import cotrain_round
-    from adversary.stages import release_memory
+    from adversary.stages import peak_rss_mb, release_memory
     from adversary.heldout import heldout_settings
     from generator.engine import Engine, inference_copy
     from generator.model import lora_config
@@ -234,7 +233,7 @@ def run_rounds(cfg, args, model, tokenizer, state, data, meter=None, *, resume: 
                     "round/dpo_steps": dpo_steps, "round/dpo_loss": float(np.mean(losses)) if losses else None,
                     "round/truncated_rate": float(np.mean([t.truncated for t in turns])),
                     "round/end_rate": float(np.mean([t.ended for t in turns])),
-                    "round/peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+                    "round/peak_rss_mb": peak_rss_mb(),
                     **{k2: v for k2, v in cot.items() if k2 != "step"}})
         figures.append(fig)
         last_round = fig["round/seconds"]

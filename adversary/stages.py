@@ -278,6 +278,13 @@ def release_memory() -> None:
         pass
 
 
+def peak_rss_mb() -> int:
+    """The process's peak resident memory so far, in MB (Linux reports ru_maxrss in kB)."""
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
 class StageTimer:
     """Wall seconds per named stage of the run (`with timer("warm_start"): ...`) and the process's peak resident
     memory when each stage ended (a rise shows which stage set the peak), for the summary."""
@@ -295,18 +302,14 @@ class StageTimer:
             try:
                 yield
             finally:
-                import resource
-
                 release_memory()
                 self.seconds[name] = round(self.seconds.get(name, 0.0) + time.time() - t0, 1)
-                self.peak_rss_mb[name] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+                self.peak_rss_mb[name] = peak_rss_mb()
 
         return ctx()
 
 
 def write_summary(out: Path, state, base: dict | None, frozen: Path, t_start: float, timer: StageTimer | None = None) -> None:
-    import resource
-
     from accelerate import PartialState
 
     if not PartialState().is_main_process:
@@ -320,7 +323,7 @@ def write_summary(out: Path, state, base: dict | None, frozen: Path, t_start: fl
         "meter_share": round(state.meter_seconds / wall, 3),
         "stage_seconds": {**(timer.seconds if timer else {}), "meter (inside the phase)": round(state.meter_seconds, 1)},
         "stage_peak_rss_mb": timer.peak_rss_mb if timer else {},
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "peak_rss_mb": peak_rss_mb(),
     }
     if base:
         summary["base_model_td"] = round(base["td/panel"], 2)
