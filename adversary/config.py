@@ -99,6 +99,10 @@ class AdversaryConfig:
         "help": "How the generator learns against the discriminator: grpo (TRL GRPOTrainer, reward = discriminator + "
                 "realism terms) or dpo_rounds (rounds of: sample round_samples turns per context, the discriminator "
                 "picks chosen/rejected, one epoch of TRL DPO on the LoRA adapter; adversary/rounds.py)."})
+    grpo_rollout: str = field(default="engine", metadata={
+        "help": "grpo: who samples the group's completions: engine (generator.engine.EngineRollout on a merged "
+                "inference copy, through TRL's rollout_func) or trl (TRL's own model.generate, or vLLM with "
+                "use_vllm). With use_vllm or under FSDP, TRL's own generation is used either way."})
     phase_seconds: float = field(default=0.0, metadata={
         "help": "Wall-time budget of the adversarial phase in seconds (0: none; the step/round budget still holds)."})
     round_contexts: int = field(default=64, metadata={"help": "dpo_rounds: training contexts per round."})
@@ -155,6 +159,7 @@ class AdversaryConfig:
             (len(self.disc_weights) == 2 and min(self.disc_weights) >= 0 and max(self.disc_weights) > 0,
              "disc_weights", "disc_weights must be two weights >= 0 (neural, classical), not both 0"),
             (self.round_chosen in ("sample", "real"), "round_chosen", "round_chosen must be sample or real"),
+            (self.grpo_rollout in ("engine", "trl"), "grpo_rollout", "grpo_rollout must be engine or trl"),
             (self.dpo_batch_size % self.dpo_micro_batch == 0, "dpo_batch_size",
              "dpo_batch_size must be a multiple of dpo_micro_batch"),
         ]

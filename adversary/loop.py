@@ -197,13 +197,39 @@ def grpo_dataset(cfg, tokenizer, records):
     ])
 
 
+def grpo_trainer(cfg, args, model, tokenizer, train_dataset, reward_funcs, callbacks=None, *, prepare: bool = True):
+    """TRL's GRPOTrainer as this project runs it: the model prepared for training on its device
+    (`generator.model.prepare_training`), LoRA from the config and, with `grpo_rollout: engine` (not under vLLM),
+    the group's completions sampled by `generator.engine.EngineRollout`. `prepare=False` leaves the model and the
+    rollouts as TRL has them (the benchmark's baseline)."""
+    import os
+
+    from trl import GRPOTrainer
+
+    from generator.engine import EngineRollout
+    from generator.model import lora_config, pick_device, prepare_training
+
+    rollout = None
+    if prepare:
+        prepare_training(model, pick_device(), cfg.max_context_tokens + args.max_completion_length)
+        # under FSDP every rank must run the same forwards as the others (TRL's `generate` syncs them); the engine
+        # stops a rank as soon as its rows are done, so FSDP keeps TRL's generation
+        fsdp = bool(args.fsdp) or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+        if cfg.grpo_rollout == "engine" and not args.use_vllm and not fsdp:
+            os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental
+            rollout = EngineRollout(tokenizer, EngineRollout.settings_from(args), precision=cfg.dtype,
+                                    batch_size=cfg.sim_batch_size, seed=args.seed, merge_lora=cfg.heldout_merge_lora)
+    trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
+                          processing_class=tokenizer, peft_config=lora_config(cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout),
+                          callbacks=callbacks, rollout_func=rollout)
+    if rollout is not None:
+        rollout.widen_stops(trainer)
+    return trainer
+
+
 def build_trainer(cfg, args, model, tokenizer, state, data, *, meter=None, time_budget: float = 0.0):
     """The GRPO trainer with our callbacks. Without a `meter` (the study) the held-out td, gate and run-state
     callbacks are left out: the generator then trains for exactly `max_steps` (or `time_budget` seconds)."""
-    from trl import GRPOTrainer
-
-    from generator.model import lora_config
-
     reward_funcs, weights = build_rewards(cfg, state)
     args.reward_weights = weights
     cotrain = CoTrainCallback(cfg, state)
@@ -214,15 +240,7 @@ def build_trainer(cfg, args, model, tokenizer, state, data, *, meter=None, time_
         callbacks += [heldout_cb, runstate]
     if time_budget:
         callbacks.append(TimeBudget(time_budget))
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=reward_funcs,
-        args=args,
-        train_dataset=grpo_dataset(cfg, tokenizer, data.grpo),
-        processing_class=tokenizer,
-        peft_config=lora_config(cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout),
-        callbacks=callbacks,
-    )
+    trainer = grpo_trainer(cfg, args, model, tokenizer, grpo_dataset(cfg, tokenizer, data.grpo), reward_funcs, callbacks)
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     trainer.remove_callback(ProgressCallback)

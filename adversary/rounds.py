@@ -110,7 +110,9 @@ def train_round(cfg, args, model, tokenizer, rows: list[dict], out: Path, budget
     from trl import DPOTrainer
 
     from adversary.loop import TimeBudget
+    from generator.model import pick_device, prepare_training
 
+    prepare_training(model, pick_device(), cfg.warmstart_max_length + cfg.heldout_max_new_tokens)
     trainer = DPOTrainer(model=model, args=dpo_config(cfg, args, out), train_dataset=dpo_dataset(rows, tokenizer, cfg),
                          processing_class=tokenizer, callbacks=[TimeBudget(budget_left)] if budget_left else None)
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -159,7 +161,7 @@ def run_rounds(cfg, args, model, tokenizer, state, data, meter=None, *, resume: 
     from accelerate import PartialState
 
     from adversary.cotrain import cotrain_round
-    from adversary.stages import peak_rss_mb, release_memory
+    from conversations.memory import peak_rss_mb, release_memory
     from adversary.heldout import heldout_settings
     from generator.engine import Engine, inference_copy
     from generator.model import lora_config

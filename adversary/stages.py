@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from conversations.fingerprint import fingerprint
+from conversations.memory import peak_rss_mb, release_memory
 from conversations.schema import TurnRecord
 from generator.data import load_turns, sample_records
 
@@ -262,27 +263,6 @@ def manifest(cfg, args, data: RunData, state, start_model: str, base: dict | Non
         "prompt_format_version": PROMPT_FORMAT_VERSION, "sampling": heldout_settings(cfg).to_dict(),
         "precision": cfg.dtype, "objective": cfg.objective, "torch": torch.__version__,
     }
-
-
-def release_memory() -> None:
-    """Hand freed memory back to the system between stages and rounds: after a trainer, a generation batch or an
-    evaluation, glibc keeps the freed arenas, and the next stage's peak lands on top of them (a DPO round's resident
-    memory after it ended: 3.6 GB without, 1.9 GB with this, in a probe of the demo's rounds)."""
-    import ctypes
-    import gc
-
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim
-        pass
-
-
-def peak_rss_mb() -> int:
-    """The process's peak resident memory so far, in MB (Linux reports ru_maxrss in kB)."""
-    import resource
-
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
 class StageTimer:

@@ -71,12 +71,13 @@ def train(args: AgentSFTArgs, sft) -> dict:
     from datasets import Dataset
     from trl import SFTTrainer
 
-    from generator.model import load_generator, lora_config
+    from generator.model import load_generator, lora_config, pick_device, prepare_training
 
     rows = oracle_examples(args.gym_list, args.max_turns or None)
     if not rows:
         raise ConfigError("no oracle turns: the gyms have no train tasks")
     model, tok = load_generator(args.agent_model)
+    prepare_training(model, pick_device(), sft.max_length)
     data = Dataset.from_list([{"prompt": r["prompt"], "completion": r["completion"]} for r in rows])
     trainer = SFTTrainer(model=model, args=sft, train_dataset=data, processing_class=tok,
                          peft_config=lora_config(args.lora_r, args.lora_alpha))

@@ -220,7 +220,7 @@ def train(args: AgentRLArgs, grpo, callbacks: list | None = None):
     LoRA adapter (plus tokenizer) to OUTPUT_DIR, loadable as an agent: `--agent OUTPUT_DIR`."""
     import torch
 
-    from generator.model import load_generator, lora_config
+    from generator.model import load_generator, lora_config, pick_device, prepare_training
 
     from agent_rl.users import load_simulator, user_settings
 
@@ -232,6 +232,7 @@ def train(args: AgentRLArgs, grpo, callbacks: list | None = None):
         )
     simulator = load_simulator(args.simulator, user_settings(args), batch_size=args.user_batch_size, seed=grpo.seed)
     model, tokenizer = load_generator(args.agent_model)
+    prepare_training(model, pick_device(), args.max_seq_len)
     dataset = build_dataset(args)
     rollout = AgentRollout(args, simulator, tokenizer)
     lora = lora_config(args.lora_r, args.lora_alpha, args.lora_dropout)

@@ -1,6 +1,6 @@
 """The one generation engine: every caller that samples text from a causal LM here goes through `Engine` (held-out
 simulation, the discriminator's simulated turns, whole conversations, the local assistant, agent turns and the
-simulator server). TRL's GRPO rollouts are the exception: TRL generates those itself.
+simulator server, and GRPO's rollouts through TRL's `rollout_func`, `EngineRollout`).
 
 What it does that `model.generate` does not, each measured on 2 CPU cores (docs/benchmarks.md):
 - **a shared prefix is run once**: the tokens every prompt of a batch starts with (the simulator's system prompt) get
@@ -19,6 +19,7 @@ Sampling settings are one object, `SamplingSettings`, shared by every caller and
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from dataclasses import asdict, dataclass
 from typing import Sequence
@@ -26,6 +27,9 @@ from typing import Sequence
 from conversations.config import ConfigError
 
 MIN_SHARED_PREFIX = 16  # tokens; below this a batch-1 prefill of the prefix costs more than it saves
+# tokens per prefill forward: SmolLM2's prefill ran ~4,200 tokens/s up to ~4k tokens a forward on 2 CPU cores and
+# 3,100 at 15k (activations that no longer fit the caches), so a large batch is prefilled in row chunks of this size
+PREFILL_CHUNK_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -112,15 +116,19 @@ class NucleusSampler:
         """scores (B, V) -> sampled token ids (B,)."""
         import torch
 
-        scores = scores.float() / self.temperature  # (B, V)
+        scores = scores.float()  # (B, V)
+        if self.temperature != 1:
+            scores = scores / self.temperature
         V = scores.shape[-1]
+        if self.top_p >= 1 and not self.top_k:  # the whole vocabulary: no nucleus to find
+            return (scores - torch.empty_like(scores).exponential_().log()).argmax(-1)
         out = torch.empty(scores.shape[0], dtype=torch.long, device=scores.device)
         rows = torch.arange(scores.shape[0], device=scores.device)
         # probabilities in the full distribution, or, with top_k, in the top-k one (transformers' top-p after top-k)
         norm = None if self.top_k else scores.logsumexp(-1, keepdim=True)  # (B, 1)
         sizes = [min(self.top_k, V)] if self.top_k else [c for c in self.candidates if c < V] + [V]
         for k in sizes:
-            sub = scores[rows]
+            sub = scores if len(rows) == scores.shape[0] else scores[rows]  # no (B, V) copy on the first pass
             vals, idx = sub.topk(k, dim=-1) if k < V else sub.sort(dim=-1, descending=True)  # (b, k), descending
             probs = (vals - (vals.logsumexp(-1, keepdim=True) if self.top_k else norm[rows])).exp()  # (b, k)
             keep = (probs.cumsum(-1) - probs) < self.top_p  # the mass ranked above each candidate
@@ -202,7 +210,7 @@ class Engine:
 
     def __init__(self, model, tokenizer, *, batch_size: int = 64, precision: str | None = None,
                  stop_ids: Sequence[int] | None = None, share_prefix: bool = True, compact: bool = True,
-                 growing_cache: bool = True):
+                 growing_cache: bool = True, prefill_tokens: int = PREFILL_CHUNK_TOKENS):
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         self.model, self.tokenizer = model, tokenizer
@@ -210,6 +218,7 @@ class Engine:
         self.precision = precision
         self.stops = sorted(set(stop_ids if stop_ids is not None else stop_token_ids(tokenizer, model)))
         self.share_prefix, self.compact, self.growing_cache = share_prefix, compact, growing_cache
+        self.prefill_tokens = prefill_tokens  # tokens per prefill forward (row chunks of a larger batch)
         self._max_new = 64
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stops[0]
         params = inspect.signature(model.forward).parameters
@@ -244,7 +253,8 @@ class Engine:
         model.eval()
         devices = [device.index or 0] if device.type == "cuda" else []
         try:
-            with torch.random.fork_rng(devices=devices), torch.inference_mode(), self._autocast(device):
+            with torch.random.fork_rng(devices=devices), torch.inference_mode(), self._autocast(device), \
+                    decoding_attention(model):
                 torch.manual_seed(seed)
                 for start in range(0, len(order), self.batch_size):
                     idx = order[start : start + self.batch_size]
@@ -282,18 +292,21 @@ class Engine:
         cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
         return out.logits[:, -1, :], cache  # (B, V)
 
-    def _new_cache(self, rows):
+    def _new_cache(self, rows, first: int | None = None):
         """Our growing cache for plain attention models (Llama-like: every layer full attention), else None (the
-        model builds its own: sliding windows, recurrent state)."""
+        model builds its own: sliding windows, recurrent state). Sized for the longest row and the token budget:
+        `first` is how many tokens the first forward writes (the shared prefix; default the longest row)."""
         cfg = self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config") else self.model.config
         types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
         if not self.growing_cache or types != {"full_attention"}:
             return None
-        return new_cache(reserve=max(len(r) for r in rows) + self._max_new)
+        longest = max(len(r) for r in rows)
+        # the first write allocates `first + reserve` slots: exactly the longest row and its token budget
+        return new_cache(reserve=max(1, longest + self._max_new - (longest if first is None else first)))
 
     def _prefix(self, rows: list[list[int]], device):
-        """(P, cache of the first P tokens repeated over the batch) when every row starts with the same P >= 16
-        tokens and the cache is a plain attention cache, else (0, None)."""
+        """(P, cache of the first P tokens, batch 1) when every row starts with the same P >= 16 tokens and the
+        cache is a plain attention cache, else (0, None)."""
         import torch
 
         if not self.share_prefix or len(rows) < 2:
@@ -305,12 +318,47 @@ class Engine:
         if p < MIN_SHARED_PREFIX:
             return 0, None
         _, cache = self._forward(torch.tensor([first[:p]], device=device), torch.ones(1, p, dtype=torch.long, device=device),
-                                 torch.arange(p, device=device)[None], self._new_cache(rows))
+                                 torch.arange(p, device=device)[None], self._new_cache(rows, first=p))
         layers = getattr(cache, "layers", None)
         if cache is None or not layers or any(not isinstance(l, self._layer_types) for l in layers):
             return 0, None  # recurrent or sliding-window layers would carry state across the pads
-        cache.batch_repeat_interleave(len(rows))  # (1, H, P, D) -> (B, H, P, D) per layer
         return p, cache
+
+    def _prefill(self, ids, mask, pos, prefix, rows: list[list[int]]):
+        """(logits (B, V), cache) of the prompts' first forward: the prefix cache (batch 1) repeated over the rows,
+        in row chunks of about PREFILL_CHUNK_TOKENS tokens whose caches are then joined (our growing cache only; any
+        other cache is prefilled in one forward)."""
+        import copy
+
+        import torch
+
+        B, W = ids.shape
+        chunk = max(1, self.prefill_tokens // max(1, W))
+        probe = prefix if prefix is not None else self._new_cache(rows)
+        growing = probe is not None and getattr(probe, "layers", None) is not None and all(
+            type(l).__name__ == "GrowingLayer" for l in probe.layers)
+        if B <= chunk or not growing:
+            cache = prefix if prefix is not None else probe
+            if prefix is not None:
+                cache.batch_repeat_interleave(B)  # (1, H, P, D) -> (B, H, P, D) per layer
+            return self._forward(ids, mask, pos, cache)
+        logits, caches = [], []
+        for s in range(0, B, chunk):
+            part = slice(s, s + chunk)
+            cache = copy.deepcopy(prefix) if prefix is not None else self._new_cache(rows)
+            if prefix is not None:
+                cache.batch_repeat_interleave(ids[part].shape[0])
+            lg, cache = self._forward(ids[part], mask[part], pos[part], cache)
+            logits.append(lg)
+            caches.append(cache)
+        joined = caches[0]
+        for i, layer in enumerate(joined.layers):  # every chunk's buffer has the same length: same prompts' width
+            layer._k = torch.cat([c.layers[i]._k for c in caches])
+            layer._v = torch.cat([c.layers[i]._v for c in caches])
+            layer._view()
+            for c in caches[1:]:  # freed layer by layer: the join never holds two copies of the whole cache
+                c.layers[i]._k = c.layers[i]._v = c.layers[i].keys = c.layers[i].values = None
+        return torch.cat(logits), joined
 
     def _batch(self, rows: list[list[int]], s: SamplingSettings, sampler, device, gone=None) -> list[Completion]:
         import torch
@@ -320,15 +368,13 @@ class Engine:
         self._layer_types = (DynamicLayer,)
         self._max_new = s.max_new_tokens
         B = len(rows)
-        p, cache = self._prefix(rows, device)
-        if cache is None:
-            cache = self._new_cache(rows)
+        p, prefix = self._prefix(rows, device)
         rest = [r[p:] for r in rows]
         width = max(len(r) for r in rest)
         ids = torch.tensor([[self.pad_id] * (width - len(r)) + r for r in rest], device=device)  # (B, W)
         mask = torch.tensor([[1] * p + [0] * (width - len(r)) + [1] * len(r) for r in rest], device=device)  # (B, P+W)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, p:]  # (B, W): positions as if unpadded
-        logits, cache = self._forward(ids, mask, pos, cache)
+        logits, cache = self._prefill(ids, mask, pos, prefix, rows)
         last = pos[:, -1]  # (B,)
         stops = torch.tensor(self.stops, device=device)
         live = torch.arange(B, device=device)  # which rows of `rows` the batch still holds
@@ -370,6 +416,26 @@ class Engine:
         return Completion(ids=ids, text=text, stopped=stopped, stop_id=ids[-1] if stopped else None)
 
 
+@contextlib.contextmanager
+def decoding_attention(model):
+    """sdpa while the engine decodes a model that trains with eager attention (`generator.model.prepare_training` on
+    a CPU): a decoding step of 64 rows took 96 ms with eager against 61 ms with sdpa here. Restored on exit."""
+    config = getattr(model, "config", None)
+    setter = getattr(model, "set_attn_implementation", None)
+    if setter is None or getattr(config, "_attn_implementation", None) != "eager":
+        yield
+        return
+    try:
+        setter("sdpa")
+    except (ValueError, ImportError):  # no sdpa for this architecture
+        yield
+        return
+    try:
+        yield
+    finally:
+        setter("eager")
+
+
 def inference_copy(model, precision: str = "fp32"):
     """A frozen copy of `model` for the engine: any LoRA adapter merged, weights in the precision's dtype (a bf16 copy
     decodes faster than autocast over fp32 weights, which re-casts every weight at every step), eval mode. The
@@ -381,6 +447,15 @@ def inference_copy(model, precision: str = "fp32"):
     frozen = copy.deepcopy(model)
     if hasattr(frozen, "merge_and_unload"):
         frozen = frozen.merge_and_unload()
+    for module in frozen.modules():
+        # a forward patched onto the instance (TRL's fused LM head, accelerate's autocast wrapper) is a closure over
+        # the *original* model: the copy would run the training weights. The copy runs its class's own forward
+        module.__dict__.pop("forward", None)
+    if getattr(frozen.config, "_attn_implementation", None) == "eager" and hasattr(frozen, "set_attn_implementation"):
+        try:
+            frozen.set_attn_implementation("sdpa")  # trained with eager on a CPU; sdpa decodes faster
+        except (ValueError, ImportError):
+            pass
     return frozen.to(inference_dtype(precision)).eval().requires_grad_(False)
 
 
@@ -407,3 +482,47 @@ def inference_model(model_wrapped, accelerator, *, precision: str = "fp32", merg
                 yield model
 
     return ctx()
+
+
+class EngineRollout:
+    """TRL `rollout_func` for `GRPOTrainer` on plain-text prompts: the group's completions are sampled by this engine
+    from a merged inference copy of the policy (`inference_model`) instead of `model.generate` over the LoRA-wrapped
+    training weights. The same distribution (temperature, top-p, top-k as TRL's `GRPOConfig` says), stopping at the
+    engine's stop tokens (the trainer's `eos_token_ids` are widened to them, so `mask_truncated_completions` reads a
+    turn that ended on `<|im_start|>` as ended). Log-probs are left to TRL to recompute (`logprobs: None`).
+    Why: on 2 CPU cores a GRPO step's generation took most of the step through `generate` (LoRA's extra matmuls,
+    autocast re-casting every weight at every token, no shared prefix); docs/benchmarks.md has the step times."""
+
+    def __init__(self, tokenizer, settings: SamplingSettings, *, precision: str = "fp32", batch_size: int = 64,
+                 seed: int = 0, merge_lora: bool = True):
+        self.tokenizer, self.settings, self.precision = tokenizer, settings, precision
+        self.batch_size, self.seed, self.merge_lora = batch_size, seed, merge_lora
+
+    @staticmethod
+    def settings_from(args) -> SamplingSettings:
+        """The engine's settings for a TRL `GRPOConfig`; raises ConfigError for what the engine does not sample with
+        (min_p, a repetition penalty): keep `grpo_rollout: trl` for those."""
+        extra = dict(args.generation_kwargs or {})
+        if getattr(args, "min_p", None) or (getattr(args, "repetition_penalty", 1.0) or 1.0) != 1.0:
+            raise ConfigError("grpo_rollout: engine samples with temperature, top_p and top_k only; unset min_p and "
+                              "repetition_penalty or set grpo_rollout: trl")
+        return SamplingSettings(max_new_tokens=args.max_completion_length, temperature=args.temperature,
+                                top_p=args.top_p if args.top_p is not None else 1.0, top_k=int(args.top_k or 0),
+                                min_new_tokens=int(extra.get("min_new_tokens", 0)))
+
+    def widen_stops(self, trainer) -> None:
+        """Make the trainer read every engine stop token as an end of turn."""
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        trainer.eos_token_ids = sorted(set(trainer.eos_token_ids) | set(stop_token_ids(self.tokenizer, model)))
+
+    def __call__(self, prompts: list, trainer) -> dict:
+        # tokenized as TRL tokenizes a plain-text prompt
+        prompt_ids = self.tokenizer(text=list(prompts))["input_ids"]
+        step, rank = trainer.state.global_step, trainer.accelerator.process_index
+        with inference_model(trainer.model_wrapped, trainer.accelerator, precision=self.precision,
+                             merge_lora=self.merge_lora, gather_zero3=trainer.args.ds3_gather_for_generation) as model:
+            engine = Engine(model, self.tokenizer, batch_size=self.batch_size, precision=self.precision,
+                            stop_ids=trainer.eos_token_ids)
+            # differs per step and per process: a repeated prompt must not replay the same random stream
+            out = engine.complete(prompt_ids, self.settings, seed=self.seed + 1_000_003 * rank + 7_919 * step)
+        return {"prompt_ids": prompt_ids, "completion_ids": [c.ids for c in out], "logprobs": None}

@@ -175,6 +175,55 @@ def load_generator(
     return model, tokenizer
 
 
+# attention for training on a CPU: eager's backward beat sdpa's CPU flash kernel by 13% on SmolLM2 at our lengths
+# (8 x 160 tokens, bf16 autocast); its (B, H, T, T) scores are small below ~512 tokens (docs/benchmarks.md)
+CPU_TRAIN_ATTENTION = "eager"
+CPU_TRAIN_ATTENTION_MAX_LENGTH = 512
+
+
+def prepare_training(model, device: str = "cpu", max_length: int | None = None):
+    """What training `model` on `device` needs beyond the libraries' defaults (returns it). On a CPU:
+    - eager attention (`CPU_TRAIN_ATTENTION`) when sequences stay under `CPU_TRAIN_ATTENTION_MAX_LENGTH`; the engine
+      switches back to sdpa while it decodes, where sdpa is faster (generator.engine);
+    - TRL's fused LM head scores only the labelled positions (`compact_fused_lm_head`).
+    Nothing changes on a GPU."""
+    if str(device).startswith("cuda"):
+        return model
+    setter = getattr(model, "set_attn_implementation", None)
+    if setter is not None and (max_length is None or max_length <= CPU_TRAIN_ATTENTION_MAX_LENGTH):
+        try:
+            setter(CPU_TRAIN_ATTENTION)
+        except (ValueError, ImportError) as e:  # an architecture without it keeps its own
+            log.info("attention left as %s: %s", getattr(model.config, "_attn_implementation", "?"), e)
+    compact_fused_lm_head()
+    return model
+
+
+def compact_fused_lm_head() -> bool:
+    """Make TRL's fused LM head (SFTTrainer's loss, GRPOTrainer's log-probs) score only the positions that have a
+    label on a CPU, as it already does on Triton devices. Without Triton it scores every position, the prompt's
+    included, folding (tokens x 32k) tiles with torch ops and fp32 gradient matmuls: 1.5 s of a 3.4 s SFT step of
+    SmolLM2 here, for a loss on the ~25% of tokens that are the user's turn. TRL picks the layout with its private
+    `_use_triton`, so this wraps that name in `trl.trainer.utils` (the tiles themselves keep TRL's own choice); a
+    TRL without it is left alone (returns False). Idempotent; process-wide."""
+    try:
+        import trl.trainer.utils as tu
+    except ImportError:
+        return False
+    original = getattr(tu, "_use_triton", None)
+    if original is None or not hasattr(tu, "add_fused_lm_head"):
+        return False
+    if getattr(original, "_compact_on_cpu", False):
+        return True
+
+    def use_compact(device):
+        return device.type == "cpu" or original(device)
+
+    use_compact._compact_on_cpu = True
+    tu._use_triton = use_compact
+    return True
+
+
 def count_trainable(model) -> tuple[int, int]:
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())

@@ -65,6 +65,7 @@ def _cases():
         ("train", ["--config", SMOKE, "--model", "./no/such/folder"], "./no/such/folder"),
         ("train", ["--config", SMOKE, "--discriminator", "no-such-encoder"], "no-such-encoder"),
         ("train", ["--config", SMOKE, "--objective", "ppo"], "objective"),
+        ("train", ["--config", SMOKE, "--grpo_rollout", "vllm"], "grpo_rollout"),
         ("train", ["--config", SMOKE, "--num_generations", "1"], "num_generations"),
         ("train", ["--config", SMOKE, "--temperature", "0"], "temperature"),
         ("train", ["--config", SMOKE, "--per_device_train_batch_size", "0"], "per_device_train_batch_size"),

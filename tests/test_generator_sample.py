@@ -199,11 +199,12 @@ def varied(tiny):
 
 
 @pytest.mark.parametrize("options", [{}, {"share_prefix": False}, {"compact": False}, {"growing_cache": False},
-                                     {"share_prefix": False, "compact": False, "growing_cache": False}])
+                                     {"share_prefix": False, "compact": False, "growing_cache": False},
+                                     {"prefill_tokens": 1}, {"prefill_tokens": 1, "share_prefix": False}])
 def test_engine_greedy_tokens_equal_transformers_generate(varied, options):
     """Prompts that share the system prompt, of different lengths: the shared-prefix cache, the compaction of
-    finished rows and the growing cache give exactly the tokens of transformers' greedy `generate` on each prompt
-    alone."""
+    finished rows, the growing cache and the prefill in row chunks (`prefill_tokens: 1`: one row a forward) give
+    exactly the tokens of transformers' greedy `generate` on each prompt alone."""
     from generator.prompts import render_prompt
 
     model, tok = varied
