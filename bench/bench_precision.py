@@ -164,12 +164,9 @@ def bench_sft(a, cfg) -> dict:
             log(f"sft round {rnd} {v} ({doc['mixed_precision']}, micro {doc['micro_batch']}, {doc['attention']}): "
                 + ", ".join(f"{x:.2f}s" for x in doc["step_s"]))
     tps = {v: sum(tokens[v]) / sum(times[v]) for v in SFT_VARIANTS}
-    import torch
-
     from generator.model import load_generator
 
     n_params = sum(p.numel() for p in load_generator(cfg.model)[0].parameters())
-    del torch
     rate = bench_matmul()["bf16_gflops"] * 1e9
     limit = rate / (4 * n_params)
     return {"variants": info, "batch_size": cfg.warmstart_batch_size, "max_length": cfg.warmstart_max_length,

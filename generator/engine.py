@@ -20,6 +20,7 @@ Sampling settings are one object, `SamplingSettings`, shared by every caller and
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from dataclasses import asdict, dataclass
 from typing import Sequence
@@ -144,6 +145,7 @@ class NucleusSampler:
         return out
 
 
+@functools.lru_cache(maxsize=None)
 def _growing_layer_class():
     """A transformers `DynamicLayer` that writes new keys and values into room reserved ahead instead of
     concatenating: `torch.cat` copies the whole cache at every decoding step (a quarter of a step of SmolLM2 at 64
@@ -197,8 +199,6 @@ def _growing_layer_class():
 
 def new_cache(reserve: int):
     """An empty key/value cache of `GrowingLayer`s (one per attention layer, made as the model first writes it)."""
-    import functools
-
     from transformers.cache_utils import Cache
 
     return Cache(layer_class_to_replicate=functools.partial(_growing_layer_class(), reserve=reserve))
@@ -334,11 +334,13 @@ class Engine:
 
         B, W = ids.shape
         chunk = max(1, self.prefill_tokens // max(1, W))
-        probe = prefix if prefix is not None else self._new_cache(rows)
-        growing = probe is not None and getattr(probe, "layers", None) is not None and all(
-            type(l).__name__ == "GrowingLayer" for l in probe.layers)
+        if prefix is None:
+            cache = self._new_cache(rows)  # ours (growing) or None (the model's own)
+            growing = cache is not None
+        else:
+            cache = prefix
+            growing = all(isinstance(layer, _growing_layer_class()) for layer in prefix.layers)
         if B <= chunk or not growing:
-            cache = prefix if prefix is not None else probe
             if prefix is not None:
                 cache.batch_repeat_interleave(B)  # (1, H, P, D) -> (B, H, P, D) per layer
             return self._forward(ids, mask, pos, cache)
@@ -420,20 +422,15 @@ class Engine:
 def decoding_attention(model):
     """sdpa while the engine decodes a model that trains with eager attention (`generator.model.prepare_training` on
     a CPU): a decoding step of 64 rows took 96 ms with eager against 61 ms with sdpa here. Restored on exit."""
-    config = getattr(model, "config", None)
-    setter = getattr(model, "set_attn_implementation", None)
-    if setter is None or getattr(config, "_attn_implementation", None) != "eager":
-        yield
-        return
-    try:
-        setter("sdpa")
-    except (ValueError, ImportError):  # no sdpa for this architecture
+    from generator.model import set_attention
+
+    if getattr(getattr(model, "config", None), "_attn_implementation", None) != "eager" or not set_attention(model, "sdpa"):
         yield
         return
     try:
         yield
     finally:
-        setter("eager")
+        set_attention(model, "eager")
 
 
 def inference_copy(model, precision: str = "fp32"):
@@ -451,11 +448,10 @@ def inference_copy(model, precision: str = "fp32"):
         # a forward patched onto the instance (TRL's fused LM head, accelerate's autocast wrapper) is a closure over
         # the *original* model: the copy would run the training weights. The copy runs its class's own forward
         module.__dict__.pop("forward", None)
-    if getattr(frozen.config, "_attn_implementation", None) == "eager" and hasattr(frozen, "set_attn_implementation"):
-        try:
-            frozen.set_attn_implementation("sdpa")  # trained with eager on a CPU; sdpa decodes faster
-        except (ValueError, ImportError):
-            pass
+    if getattr(frozen.config, "_attn_implementation", None) == "eager":
+        from generator.model import set_attention
+
+        set_attention(frozen, "sdpa")  # trained with eager on a CPU; sdpa decodes faster
     return frozen.to(inference_dtype(precision)).eval().requires_grad_(False)
 
 

@@ -181,6 +181,20 @@ CPU_TRAIN_ATTENTION = "eager"
 CPU_TRAIN_ATTENTION_MAX_LENGTH = 512
 
 
+def set_attention(model, implementation: str) -> bool:
+    """Switch `model`'s attention implementation (transformers' `set_attn_implementation`); False, leaving it as it
+    was, for a model without the switch or an architecture without that implementation."""
+    setter = getattr(model, "set_attn_implementation", None)
+    if setter is None:
+        return False
+    try:
+        setter(implementation)
+    except (ValueError, ImportError) as e:
+        log.info("attention left as %s: %s", getattr(model.config, "_attn_implementation", "?"), e)
+        return False
+    return True
+
+
 def prepare_training(model, device: str = "cpu", max_length: int | None = None):
     """What training `model` on `device` needs beyond the libraries' defaults (returns it). On a CPU:
     - eager attention (`CPU_TRAIN_ATTENTION`) when sequences stay under `CPU_TRAIN_ATTENTION_MAX_LENGTH`; the engine
@@ -189,12 +203,8 @@ def prepare_training(model, device: str = "cpu", max_length: int | None = None):
     Nothing changes on a GPU."""
     if str(device).startswith("cuda"):
         return model
-    setter = getattr(model, "set_attn_implementation", None)
-    if setter is not None and (max_length is None or max_length <= CPU_TRAIN_ATTENTION_MAX_LENGTH):
-        try:
-            setter(CPU_TRAIN_ATTENTION)
-        except (ValueError, ImportError) as e:  # an architecture without it keeps its own
-            log.info("attention left as %s: %s", getattr(model.config, "_attn_implementation", "?"), e)
+    if max_length is None or max_length <= CPU_TRAIN_ATTENTION_MAX_LENGTH:
+        set_attention(model, CPU_TRAIN_ATTENTION)
     compact_fused_lm_head()
     return model
 
