@@ -95,10 +95,14 @@ class HeldoutMeter:
 
         from adversary.gate import PlateauGate, Reading
 
+        from conversations.memory import release_memory
+
         is_main = accelerator is None or accelerator.is_main_process
         t0 = time.perf_counter()
+        release_memory()  # the simulation's cache lands on a trimmed heap, not on what training left (the run's peak)
         with generation as model:
             sims = simulate_heldout(model, self.tok, self.data.heldout, self.cfg, accelerator, precision=self.cfg.dtype)
+            del model  # the copy goes as the context closes, not when this method returns
         payload = [None]
         if is_main:
             row = {"step": step, **measure_heldout(self.data.heldout, sims, self.cfg)}

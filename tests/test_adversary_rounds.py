@@ -113,3 +113,42 @@ def test_dpo_rounds_run_end_to_end_and_resume(tmp_path):
     assert [x["round"] for x in rounds] == [2] and rounds[0]["step"] == 6
     manifest = json.loads((out / "frozen" / "simulator.json").read_text())
     assert [row["step"] for row in manifest["td_curve"]] == [0, 2, 4, 6]
+
+
+@pytest.mark.parametrize("checkpointing", [True, False])
+def test_a_dpo_round_trains_every_lora_parameter_and_checkpointing_changes_nothing_else(tmp_path, tiny_lm_path,
+                                                                                        checkpointing):
+    """One round of `train_round` (TRL's DPOTrainer, pairs padded to DPO_PAD_MULTIPLE): every LoRA parameter
+    moves, no other does, and recomputing activations (`dpo_checkpointing`) gives the same losses and weights."""
+    import torch
+    from peft import get_peft_model
+    from trl import GRPOConfig
+
+    from adversary.rounds import train_round
+    from generator.model import load_generator, lora_config
+
+    cfg = AdversaryConfig(dpo_batch_size=2, dpo_micro_batch=1, dpo_lr=1e-2, warmstart_max_length=64,
+                          heldout_max_new_tokens=16, max_context_tokens=48, dtype="fp32", dpo_sft_weight=1.0,
+                          dpo_checkpointing=checkpointing)
+    args = GRPOConfig(output_dir=str(tmp_path), seed=0, use_cpu=True, report_to="none")
+    rows = [{"prompt_context": CTX, "chosen": "fix it pls", "rejected": "Could you kindly explain in detail?"},
+            {"prompt_context": CTX, "chosen": "nope", "rejected": "Certainly! Here is a thorough overview."}] * 2
+
+    def run():
+        torch.manual_seed(0)
+        base, tok = load_generator(tiny_lm_path)
+        model = get_peft_model(base, lora_config(4, 8))
+        start = {n: p.detach().clone() for n, p in model.named_parameters()}
+        model, history, steps = train_round(cfg, args, model, tok, rows, tmp_path / "dpo", 0)
+        end = dict(model.named_parameters())
+        return start, end, [h["loss"] for h in history if "loss" in h], steps
+
+    start, end, losses, steps = run()
+    assert steps == 2 and len(losses) == 2
+    lora = [n for n in start if "lora_" in n]
+    assert lora and all(not torch.equal(start[n], end[n]) for n in lora)
+    assert all(torch.equal(start[n], end[n]) for n in start if n not in lora)
+    cfg.dpo_checkpointing = not checkpointing
+    start2, end2, losses2, _ = run()
+    assert losses2 == pytest.approx(losses, rel=1e-4)
+    assert all(torch.allclose(end[n], end2[n], atol=1e-5) for n in lora)

@@ -69,6 +69,36 @@ def test_inference_copy_runs_its_own_weights_not_a_patched_forward():
     assert torch.equal(before, after) and before.abs().sum() > 0
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_inference_copy_merges_lora_exactly_as_peft_and_leaves_the_original(dtype):
+    """The copy is made in its dtype as it is copied (no full-precision copy first), LoRA merged per layer: every
+    weight equals peft's `merge_and_unload` followed by the cast, the tied embedding stays tied, the original keeps
+    its adapter and its weights."""
+    import copy as copylib
+
+    from peft import get_peft_model
+
+    from generator.model import lora_config
+
+    model = get_peft_model(_llama(), lora_config(4, 8))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.normal_(0, 0.1)  # lora_B starts at zero: a merge of nothing would pass trivially
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    frozen = inference_copy(model, dtype)
+    want = copylib.deepcopy(model).merge_and_unload().to(frozen.dtype)
+    got, ref = frozen.state_dict(), want.state_dict()
+    assert frozen.dtype == (torch.bfloat16 if dtype == "bf16" else torch.float32)
+    assert got.keys() == ref.keys() and not any("lora_" in k for k in got)
+    assert all(torch.equal(got[k], ref[k]) for k in got)
+    assert any(not torch.equal(got[k].float(), before["base_model.model." + k.replace(".weight", ".base_layer.weight")].float())
+               for k in got if k.endswith("q_proj.weight"))  # the adapter was merged in
+    assert frozen.get_output_embeddings().weight is frozen.get_input_embeddings().weight
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert not any(p.requires_grad for p in frozen.parameters())
+
+
 def test_prepare_training_on_a_cpu_trains_with_eager_and_the_engine_decodes_with_sdpa(tiny_lm_path):
     model, tok = load_generator(tiny_lm_path)
     assert model.config._attn_implementation == "sdpa"
