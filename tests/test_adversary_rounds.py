@@ -141,6 +141,7 @@ def test_a_dpo_round_trains_every_lora_parameter_and_checkpointing_changes_nothi
         start = {n: p.detach().clone() for n, p in model.named_parameters()}
         model, history, steps = train_round(cfg, args, model, tok, rows, tmp_path / "dpo", 0)
         end = dict(model.named_parameters())
+        assert model.get_base_model().is_activation_checkpointing == cfg.dpo_checkpointing  # what TRL was told
         return start, end, [h["loss"] for h in history if "loss" in h], steps
 
     start, end, losses, steps = run()

@@ -99,6 +99,23 @@ def test_inference_copy_merges_lora_exactly_as_peft_and_leaves_the_original(dtyp
     assert not any(p.requires_grad for p in frozen.parameters())
 
 
+def test_inference_copy_of_a_dora_adapter_merges_through_peft():
+    """Not plain LoRA (DoRA's magnitude vector): the copy falls back to peft's own merge, then the cast."""
+    import copy as copylib
+
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(_llama(), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", use_dora=True))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.normal_(0, 0.1)
+    frozen = inference_copy(model, "bf16")
+    want = copylib.deepcopy(model).merge_and_unload().to(torch.bfloat16).state_dict()
+    got = frozen.state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
+
+
 def test_prepare_training_on_a_cpu_trains_with_eager_and_the_engine_decodes_with_sdpa(tiny_lm_path):
     model, tok = load_generator(tiny_lm_path)
     assert model.config._attn_implementation == "sdpa"
