@@ -120,7 +120,7 @@ class AdversaryConfig:
         "help": "dpo_rounds: weight of an NLL term on the chosen turn beside DPO (TRL loss_type [sigmoid, sft], RPO)."})
     dpo_batch_size: int = field(default=8, metadata={"help": "dpo_rounds: pairs per optimiser step."})
     dpo_micro_batch: int = field(default=4, metadata={"help": "dpo_rounds: pairs per forward pass (the rest accumulates)."})
-    dpo_checkpointing: bool = field(default=True, metadata={"help": "dpo_rounds: recompute each layer's activations in the backward pass instead of keeping them (a round of the demo's shapes peaked at 2.3 GB with it, 3.5 without, for ~25% more DPO time; docs/benchmarks.md)."})
+    dpo_checkpointing: bool = field(default=True, metadata={"help": "dpo_rounds: recompute each layer's activations in the backward pass instead of keeping them (a round of the demo's shapes peaked at 2.7 GB with it, 3.5 without, for 15-20% more DPO time in a probe; docs/benchmarks.md)."})
 
     # ---- held-out Turing distance and the gate
     heldout_contexts: int = field(default=128, metadata={"help": "Held-out test-split contexts, one simulated turn each, per evaluation."})
