@@ -438,9 +438,10 @@ def _copied_weights(model, dtype) -> tuple[dict, bool]:
     weight already merged with its active adapters (`base + delta` in the weights' own precision, then cast: what
     peft's merge followed by a cast gives): a deepcopy in fp32 first would cost the model's size again (a 1.0 GB
     transient for SmolLM2 + LoRA, 0.3 GB this way), and the hole it leaves is where the next stage's peak lands.
-    Returns (memo, merged). merged is False when there is no LoRA layer (the memo only casts); the memo is empty (a
-    plain deepcopy, peft merges after it, the cast comes last: as before) when a layer is not plain LoRA (DoRA, a
-    LoRA bias, a merged or disabled adapter) or a weight is not a plain floating-point tensor (quantized)."""
+    Returns (memo, merged). merged is False for a model without adapters (the memo only casts); the memo is empty (a
+    plain deepcopy, peft merges after it, the cast comes last: as before) for any other adapter than plain LoRA on a
+    peft model (DoRA, a LoRA bias, a merged or disabled adapter, another tuner) or a weight that is not a plain
+    floating-point tensor (quantized)."""
     import torch
 
     try:
@@ -451,11 +452,12 @@ def _copied_weights(model, dtype) -> tuple[dict, bool]:
     if any(type(p) is not torch.nn.Parameter or not p.dtype.is_floating_point for p in model.parameters()):
         return memo, False
     lora = [m for m in model.modules() if LoraLayer and isinstance(m, LoraLayer)]
-    plain = bool(lora) and not getattr(model, "_disabled_adapter", False) and all(
-        not m.merged and not m.disable_adapters and not any(m.use_dora.get(a) for a in m.active_adapters)
-        and not any(getattr(m, "lora_bias", {}).get(a) for a in m.active_adapters)
-        and hasattr(m.get_base_layer(), "weight") for m in lora)
-    if lora and not plain:
+    adapted = bool(lora) or hasattr(model, "merge_and_unload")
+    plain = adapted and bool(lora) and hasattr(model, "unload") and not getattr(model, "_disabled_adapter", False) \
+        and all(not m.merged and not m.disable_adapters and not any(m.use_dora.get(a) for a in m.active_adapters)
+                and not any(getattr(m, "lora_bias", {}).get(a) for a in m.active_adapters)
+                and hasattr(m.get_base_layer(), "weight") for m in lora)
+    if adapted and not plain:
         return memo, False
     with torch.no_grad():
         if plain:
