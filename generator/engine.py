@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Sequence
 
 from conversations.config import ConfigError
+from conversations.memory import release_memory
 
 MIN_SHARED_PREFIX = 16  # tokens; below this a batch-1 prefill of the prefix costs more than it saves
 # tokens per prefill forward: SmolLM2's prefill ran ~4,200 tokens/s up to ~4k tokens a forward on 2 CPU cores and
@@ -257,6 +258,8 @@ class Engine:
                     decoding_attention(model):
                 torch.manual_seed(seed)
                 for start in range(0, len(order), self.batch_size):
+                    if start:
+                        release_memory()  # the last batch's cache back to the system before the next one's lands
                     idx = order[start : start + self.batch_size]
                     gone = [cancelled[i] for i in idx] if cancelled is not None else None
                     for i, c in zip(idx, self._batch([list(prompts[i]) for i in idx], settings, sampler, device, gone)):
