@@ -243,21 +243,22 @@ def test_engine_min_new_tokens_and_cancel(tiny):
     assert [len(c.ids) for c in out] == [5, 2, 5] and not out[1].stopped
 
 
-@pytest.mark.parametrize("temperature,top_p,top_k,candidates", [
-    (1.0, 0.9, 0, (64,)),   # nucleus inside the candidates
-    (1.3, 0.95, 0, (3,)),   # nucleus wider than the candidates: the full-sort rows
-    (1.3, 0.95, 0, (2, 6)),  # two levels of candidates, then the full sort
-    (0.7, 1.0, 0, (5,)),    # no top-p: every token can be drawn
-    (1.0, 0.8, 4, (64,)),   # top-k, then top-p within it
+@pytest.mark.parametrize("temperature,top_p,top_k,floors,vocab", [
+    (1.0, 0.9, 0, (1e-4,), 16),     # nucleus inside the candidates (a vocabulary of one partial block)
+    (1.0, 0.9, 0, (1e-4,), 256),    # the same through the vocabulary's blocks
+    (1.3, 0.95, 0, (0.2,), 16),     # nucleus wider than the candidates: the full-sort rows
+    (1.3, 0.95, 0, (0.3, 0.01), 256),  # two floors (blocks), then the full sort
+    (0.7, 1.0, 0, (0.5,), 16),      # no top-p: every token can be drawn
+    (1.0, 0.8, 4, (0.5,), 16),      # top-k, then top-p within it
 ])
-def test_nucleus_sampler_draws_from_transformers_sampling_distribution(temperature, top_p, top_k, candidates):
+def test_nucleus_sampler_draws_from_transformers_sampling_distribution(temperature, top_p, top_k, floors, vocab):
     """Never a token transformers' warpers remove, every token they keep that is likely enough to show up in 40k
     draws, and the same frequencies within sampling error."""
     from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
     g = torch.Generator().manual_seed(0)
-    vocab, n = 16, 40_000
-    logits = torch.randn(1, vocab, generator=g) * 2
+    n = 40_000
+    logits = torch.randn(1, vocab, generator=g) * (2 if vocab <= 16 else 4)
     ref = TemperatureLogitsWarper(temperature)(None, logits.clone())
     if top_k:
         ref = TopKLogitsWarper(top_k)(None, ref)
@@ -265,12 +266,33 @@ def test_nucleus_sampler_draws_from_transformers_sampling_distribution(temperatu
         ref = TopPLogitsWarper(top_p)(None, ref)
     want = ref.softmax(-1)[0]
     torch.manual_seed(1)
-    ids = NucleusSampler(temperature, top_p, top_k, candidates=candidates)(logits.expand(n, vocab).clone())
+    ids = NucleusSampler(temperature, top_p, top_k, floors=floors)(logits.expand(n, vocab).clone())
     assert ids.shape == (n,) and ids.min() >= 0 and ids.max() < vocab
     freq = torch.bincount(ids, minlength=vocab).float() / n
     assert not ((freq > 0) & (want == 0)).any()
     assert (freq[want > 1e-3] > 0).all()
     assert (freq - want).abs().max() < 0.01  # 40k draws: the standard error is <= 0.0025
+
+
+def test_nucleus_sampler_rows_of_different_widths_in_one_batch():
+    """Rows that fit the first floor, the second, and none, side by side: each row's draws follow its own nucleus
+    (the candidates of all rows are ordered in one sort)."""
+    from transformers import TopPLogitsWarper
+
+    g = torch.Generator().manual_seed(2)
+    vocab, n = 128, 6_000
+    peaked = torch.randn(vocab, generator=g) * 6   # nucleus of a few tokens
+    middle = torch.randn(vocab, generator=g) * 1.5
+    flat = torch.randn(vocab, generator=g) * 0.1   # nucleus of most of the vocabulary
+    rows = torch.stack([peaked, middle, flat])  # (3, V)
+    sampler = NucleusSampler(1.0, 0.9, floors=(0.02, 0.005))
+    torch.manual_seed(0)
+    ids = sampler(rows.repeat(n, 1)).view(n, 3)  # (n, 3)
+    for k in range(3):
+        want = TopPLogitsWarper(0.9)(None, rows[k : k + 1].clone()).softmax(-1)[0]
+        freq = torch.bincount(ids[:, k], minlength=vocab).float() / n
+        assert not ((freq > 0) & (want == 0)).any(), k
+        assert (freq - want).abs().max() < 0.03, k  # 6k draws: the standard error is <= 0.0065
 
 
 def test_nucleus_sampler_is_seeded_by_the_torch_rng():
