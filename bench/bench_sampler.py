@@ -72,8 +72,6 @@ def parse(argv):
 
 def capture(a):
     """(kept sampler inputs, settings): the engine's logits over the preset's held-out contexts."""
-    import torch
-
     from adversary.heldout import HELDOUT_SEED, heldout_settings
     from adversary.stages import prepare_data
     from adversary.train import parse_args, quiet_libraries
@@ -107,12 +105,12 @@ def capture(a):
     finally:
         engine_mod.NucleusSampler.__call__ = draw
     log(f"kept {len(kept)} of {seen[0]} sampler inputs, rows {sorted({k.shape[0] for k in kept})}, {kept[0].dtype}")
-    return kept, s, torch
+    return kept, s
 
 
 def main(argv=None) -> int:
     a = parse(argv)
-    kept, s, torch = capture(a)
+    kept, s = capture(a)
     from generator.engine import NucleusSampler
 
     new = NucleusSampler(s.temperature, s.top_p, s.top_k)

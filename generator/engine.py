@@ -102,9 +102,9 @@ class NucleusSampler:
     draw is the inverse of the nucleus' cumulative distribution at one uniform number per row.
 
     Why: on SmolLM2's 49k-token vocabulary at top_p 0.95 the nucleus held 1-6,910 tokens (median 89; 35% of row-steps
-    over 256), so `topk` over candidate counts that cover it (256, then 4,096) took 30 ms a call of a 128-row step on
-    2 CPU cores, a full sort ~1 ms a row; these floors take 12 ms on the same logits (docs/benchmarks.md). Draws use
-    the global torch RNG (seeded by the caller)."""
+    over 256), so `topk` over candidate counts that cover it (256, then 4,096) took 25 ms a call (median, 95-128 rows)
+    on 2 CPU cores, a full sort ~1 ms a row; these floors take 12 ms on the same logits (`bench/bench_sampler.py`,
+    docs/benchmarks.md). Draws use the global torch RNG (seeded by the caller)."""
 
     BLOCK = 64  # vocabulary entries a block: candidates are looked for in the blocks whose maximum clears the floor
 
