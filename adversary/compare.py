@@ -199,6 +199,9 @@ def table(rows: list[dict]) -> str:
 @friendly_errors
 def main(argv=None) -> int:
     a = parse(argv)
+    from conversations.threads import apply_threads
+
+    apply_threads()
     from adversary.train import quiet_libraries
     from conversations import write_jsonl
     from conversations.precision import resolve_precision

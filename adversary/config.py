@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from conversations.config import ConfigError
 
-DETECTORS = ("classical", "style", "neural")
+DETECTORS = ("classical", "style", "neural", "embed")
 OBJECTIVES = ("grpo", "dpo_rounds")
 # every numeric field's natural range (conversations.config.check_ranges: one message naming the key)
 RANGES = {
@@ -23,7 +23,7 @@ RANGES = {
     "w_length": ">= 0", "w_copy": ">= 0", "w_assistant": ">= 0", "max_faults": ">= 0", "phase_seconds": ">= 0",
     "round_contexts": ">= 1", "round_samples": ">= 2", "round_min_margin": ">= 0", "max_rounds": ">= 0",
     "eval_rounds": ">= 1", "dpo_beta": "> 0", "dpo_lr": "> 0", "dpo_sft_weight": ">= 0", "dpo_batch_size": ">= 1",
-    "dpo_micro_batch": ">= 1", "heldout_contexts": ">= 20", "heldout_folds": ">= 2", "heldout_max_new_tokens": ">= 1",
+    "dpo_micro_batch": ">= 1", "heldout_contexts": ">= 20", "heldout_folds": ">= 2", "meter_seeds": ">= 1", "heldout_max_new_tokens": ">= 1",
     "sim_batch_size": ">= 1", "sim_temperature": "> 0", "sim_top_p": "(0, 1]", "gate_patience": ">= 1",
     "gate_min_delta": ">= 0", "gate_target_td": "[0, 50]", "gate_smooth": ">= 1",
 }
@@ -127,6 +127,10 @@ class AdversaryConfig:
     heldout_detectors: list[str] = field(default_factory=lambda: ["classical", "style"], metadata={
         "help": "Fresh detectors of the meter's panel (classical, style, neural); td is their maximum."})
     heldout_folds: int = field(default=5, metadata={"help": "Cross-fitting folds of the meter."})
+    meter_seeds: int = field(default=2, metadata={
+        "help": "Sampling seeds of every held-out reading: the meter simulates the contexts once per seed and reads "
+                "the mean td (one seed's reading moves by sd ~2 with the sampling alone on 256 contexts, "
+                "bench/bench_td_spread.py; the mean of 2 by ~1.4). 1 reads one seed, as before."})
     heldout_max_new_tokens: int = field(default=64, metadata={"help": "Token limit of a held-out simulated turn."})
     sim_batch_size: int = field(default=32, metadata={"help": "Contexts per generate call when simulating held-out and discriminator-fit turns (larger batches use the CPU's cores better; lower it if memory is short)."})
     heldout_merge_lora: bool = field(default=True, metadata={

@@ -16,7 +16,7 @@ FIRST = ["step", "td/panel", "td/ci_low", "td/ci_high", "td/signed", "td/auc", "
          "disc/heldout_acc", "gen/reward", "gen/kl", "diag/truncated_rate", "diag/end_rate"]
 # td/* keys that are not a detector's own td
 TD_SUMMARY = {"panel", "ci_low", "ci_high", "signed", "auc", "paired_accuracy", "headline", "meter_seconds",
-              "eval_seconds"}
+              "eval_seconds", "seeds", "seed_sd", "log_loss"}
 
 
 def write_curves(rows: list[dict[str, Any]], path: str | Path) -> Path:
@@ -72,7 +72,9 @@ def plot_curves(rows: list[dict[str, Any]], path: str | Path, *, freeze_step: in
         lo = [r.get("td/ci_low") if r.get("td/ci_low") is not None else r["td/panel"] for r in rows]
         hi = [r.get("td/ci_high") if r.get("td/ci_high") is not None else r["td/panel"] for r in rows]
         ax.fill_between(steps, lo, hi, alpha=0.2, color="C0", label="panel td 95% CI")
-        ax.plot(steps, td, "-o", color="C0", lw=2, label="panel td (max over detectors)")
+        seeds = rows[-1].get("td/seeds") or 1
+        ax.plot(steps, td, "-o", color="C0", lw=2, label="panel td (max over detectors)" +
+                (f", mean of {seeds} sampling seeds" if seeds > 1 else ", one sampling seed"))
         detectors = sorted({k[len("td/"):] for r in rows for k in r if k.startswith("td/") and k[3:] not in TD_SUMMARY})
         for i, name in enumerate(detectors, start=1):
             ax.plot(steps, [r.get(f"td/{name}") for r in rows], "--", lw=1, color=f"C{i}", label=f"{name}")

@@ -23,8 +23,8 @@ from typing import Any
 from adversary.crashpoints import crash_point
 from conversations.cli_util import friendly_errors
 from conversations.schema import DataError
+from generator.simulate import EXPORT_MANIFEST as MANIFEST  # one name, read by generator.simulate too
 
-MANIFEST = "simulator.json"
 PENDING = MANIFEST + ".pending"  # the manifest until the export is sealed
 EXPORT_FORMAT = 1
 

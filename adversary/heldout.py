@@ -52,6 +52,24 @@ def simulate_heldout(model, tokenizer, records: list[TurnRecord], cfg, accelerat
     return out
 
 
+def mean_rows(rows: list[dict]) -> dict:
+    """One reading from the readings of several sampling seeds: every numeric key averaged (the CI bounds too: the
+    mean of the seeds' intervals), the text keys of the first; `td/seeds` and `td/seed_sd` (the spread of the panel
+    td over the seeds) added."""
+    import numpy as np
+
+    if len(rows) == 1:
+        return {**rows[0], "td/seeds": 1, "td/seed_sd": 0.0}
+    out = {}
+    for k, v in rows[0].items():
+        vals = [r.get(k) for r in rows]
+        numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in vals)
+        out[k] = float(np.mean(vals)) if numeric else v
+    out["td/seeds"] = len(rows)
+    out["td/seed_sd"] = float(np.std([r["td/panel"] for r in rows], ddof=1))
+    return out
+
+
 def measure_heldout(real: list[TurnRecord], sims: list[TurnRecord], cfg, seed: int = 0) -> dict:
     """One row of the td curve: panel td with CI, each detector's td, AUC, paired accuracy, diagnostics. The
     simulated turns come from `simulate_records` (end marker already stripped, `meta["ended"]` set there)."""
@@ -67,6 +85,7 @@ def measure_heldout(real: list[TurnRecord], sims: list[TurnRecord], cfg, seed: i
         "td/ci_high": hi,
         "td/signed": report["signed"],
         "td/auc": report["auc"],
+        "td/log_loss": report["log_loss"],
         "td/paired_accuracy": report.get("paired_accuracy"),
         "td/headline": report.get("headline_detector"),
     }
@@ -100,12 +119,15 @@ class HeldoutMeter:
         is_main = accelerator is None or accelerator.is_main_process
         t0 = time.perf_counter()
         release_memory()  # the simulation's cache lands on a trimmed heap, not on what training left (the run's peak)
+        seeds = [HELDOUT_SEED + 1000 * i for i in range(self.cfg.meter_seeds)]  # the same at every reading
         with generation as model:
-            sims = simulate_heldout(model, self.tok, self.data.heldout, self.cfg, accelerator, precision=self.cfg.dtype)
+            per_seed = [simulate_heldout(model, self.tok, self.data.heldout, self.cfg, accelerator, seed=s,
+                                         precision=self.cfg.dtype) for s in seeds]
             del model  # the copy goes as the context closes, not when this method returns
+        sims = per_seed[0]
         payload = [None]
         if is_main:
-            row = {"step": step, **measure_heldout(self.data.heldout, sims, self.cfg)}
+            row = {"step": step, **mean_rows([measure_heldout(self.data.heldout, s, self.cfg) for s in per_seed])}
             items = list(self.data.heldout) + sims
             y = [1] * len(self.data.heldout) + [0] * len(sims)
             row["disc/heldout_acc"] = float(accuracy_score(y, (self.state.discriminator.score(items) > 0).astype(int)))

@@ -289,7 +289,8 @@ class StageTimer:
         return ctx()
 
 
-def write_summary(out: Path, state, base: dict | None, frozen: Path, t_start: float, timer: StageTimer | None = None) -> None:
+def write_summary(out: Path, state, base: dict | None, frozen: Path, t_start: float, timer: StageTimer | None = None,
+                  threads: dict | None = None) -> None:
     from accelerate import PartialState
 
     if not PartialState().is_main_process:
@@ -304,6 +305,7 @@ def write_summary(out: Path, state, base: dict | None, frozen: Path, t_start: fl
         "stage_seconds": {**(timer.seconds if timer else {}), "meter (inside the phase)": round(state.meter_seconds, 1)},
         "stage_peak_rss_mb": timer.peak_rss_mb if timer else {},
         "peak_rss_mb": peak_rss_mb(),
+        "threads": threads,  # conversations.threads: how many and why (a bare accelerate launch would give 1)
     }
     if base:
         summary["base_model_td"] = round(base["td/panel"], 2)

@@ -343,6 +343,9 @@ def main(argv=None) -> int:
 
     quiet_libraries()
     cfg, args, study = parse(argv)
+    from conversations.threads import apply_threads
+
+    apply_threads()
     t_start = time.time()
     out = Path(args.output_dir)
     (out / "arms").mkdir(parents=True, exist_ok=True)

@@ -57,6 +57,9 @@ def main(argv=None) -> int:
     t_start = time.time()
     quiet_libraries()  # first: parsing TRL's config already warns about renamed transformers fields
     cfg, args = parse_args(argv)
+    from conversations.threads import apply_threads
+
+    threads = apply_threads()  # before any model: accelerate's bare launcher would leave one core of the machine
     from generator.model import check_vllm
 
     check_vllm(args.use_vllm)  # before any model loads: one line, not TRL's ImportError from inside the trainer
@@ -101,7 +104,7 @@ def main(argv=None) -> int:
     # 6. export the best checkpoint by held-out td (not the last), then the run's summary
     with timer("export"):
         frozen = stages.export_best(cfg, args, out / "best", stages.manifest(cfg, args, data, state, start_model, base))
-    stages.write_summary(out, state, base, frozen, t_start, timer)
+    stages.write_summary(out, state, base, frozen, t_start, timer, threads=threads.to_dict())
     return 0
 
 

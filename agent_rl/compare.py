@@ -129,6 +129,9 @@ def compare(args: CompareArgs) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     (args,) = parse_config((CompareArgs,), argv, prog="python -m agent_rl.compare")
+    from conversations.threads import apply_threads
+
+    apply_threads()
     res = compare(args)
     print(Path(res["paths"]["md"]).read_text())
     print(json.dumps({"improved": res["improved"], "simulators": res["simulators"], **res["paths"]}))

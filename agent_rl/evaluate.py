@@ -249,6 +249,9 @@ def evaluate(args: EvalArgs) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     (args,) = parse_config((EvalArgs,), argv, prog="python -m agent_rl.evaluate")
+    from conversations.threads import apply_threads
+
+    apply_threads()
     if not args.agent:
         raise DataError("--agent is required")
     res = evaluate(args)

@@ -51,7 +51,14 @@ def _neural(**kw):
     return NeuralDetector(**kw)
 
 
-_REGISTRY: dict[str, Callable[..., Any]] = {"classical": _classical, "style": _style, "neural": _neural}
+def _embed(**kw):
+    from discriminator.embedding import EmbeddingDetector
+
+    return EmbeddingDetector(**kw)
+
+
+_REGISTRY: dict[str, Callable[..., Any]] = {"classical": _classical, "style": _style, "neural": _neural,
+                                            "embed": _embed}
 
 
 def register_detector(name: str, factory: Callable[..., Any]) -> None:
@@ -314,11 +321,15 @@ def cross_fit(name: str, kw: dict, items: Sequence[TurnRecord], y: np.ndarray, f
 def detector_report(scores: np.ndarray, y: np.ndarray, items: Sequence[TurnRecord], groups: np.ndarray, n_boot: int,
                     seed: int) -> dict[str, Any]:
     """One detector's part of the report from its out-of-fold scores."""
+    from sklearn.metrics import log_loss
+
     acc = accuracy(scores, y)
     pacc, _ = paired_accuracy(scores, y, items)
+    prob = np.clip(1.0 / (1.0 + np.exp(-np.clip(scores, -30, 30))), 1e-7, 1 - 1e-7)
     return {
         "accuracy": acc,
         "auc": roc_auc(scores, y),
+        "log_loss": float(log_loss(y, prob, labels=[0, 1])),  # nats; log 2 = 0.693 is a detector that knows nothing
         "td": turing_distance(acc),
         "td_ci95": list(bootstrap_ci((scores > 0) == y, groups, n_boot, seed)),
         "signed": acc - 50.0,
@@ -402,6 +413,7 @@ def measure_td(
         "signed": per[head]["signed"],
         "accuracy": per[head]["accuracy"],
         "auc": per[head]["auc"],
+        "log_loss": per[head]["log_loss"],
         "paired_accuracy": per[head]["paired_accuracy"],
         "headline_detector": head,
         "n_real": len(real),

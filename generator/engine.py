@@ -282,27 +282,33 @@ class Engine:
         self._keep_kw = "logits_to_keep" in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
 
     # ---------------------------------------------------------------------------------------------------- public
-    def complete_texts(self, prompts: Sequence[str], settings: SamplingSettings, seed: int = 0) -> list[Completion]:
-        """One completion per rendered prompt (tokenized without adding special tokens: the template holds them)."""
+    def complete_texts(self, prompts: Sequence[str], settings: SamplingSettings, seed: int = 0,
+                       n: int = 1) -> list[Completion]:
+        """`n` completions per rendered prompt, prompt-major (tokenized without adding special tokens: the template
+        holds them)."""
         ids = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-        return self.complete(ids, settings, seed)
+        return self.complete(ids, settings, seed, n=n)
 
     def complete(self, prompts: Sequence[Sequence[int]], settings: SamplingSettings, seed: int = 0,
-                 cancelled: Sequence | None = None) -> list[Completion]:
-        """One completion per prompt (token ids), in order. Prompts are batched by length (less padding); the same
-        seed, prompts and batch size give the same completions; the caller's torch RNG is left as it was.
-        `cancelled[i]()` returning True stops prompt i at the next token (what it has so far is returned): a server
-        drops the requests whose clients have gone."""
+                 cancelled: Sequence | None = None, n: int = 1) -> list[Completion]:
+        """`n` completions per prompt (token ids), prompt-major: [p0 s0, p0 s1, ..., p1 s0, ...]. Prompts are batched
+        by length (less padding); the same seed, prompts, batch size and n give the same completions; the caller's
+        torch RNG is left as it was. With n > 1 each prompt is prefilled once and its cache repeated n times (a batch
+        holds about batch_size // n prompts). `cancelled[i]()` returning True stops prompt i at the next token (what
+        it has so far is returned): a server drops the requests whose clients have gone."""
         import torch
 
         if not prompts:
             return []
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         model = self.model
         device = next(model.parameters()).device
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-        results: list[Completion | None] = [None] * len(prompts)
+        results: list[list[Completion] | None] = [None] * len(prompts)
+        per_batch = max(1, self.batch_size // n)
         sampler = NucleusSampler.from_settings(settings)
         was_training = model.training
         model.eval()
@@ -311,16 +317,17 @@ class Engine:
             with torch.random.fork_rng(devices=devices), torch.inference_mode(), self._autocast(device), \
                     decoding_attention(model):
                 torch.manual_seed(seed)
-                for start in range(0, len(order), self.batch_size):
+                for start in range(0, len(order), per_batch):
                     if start:
                         release_memory()  # the last batch's cache back to the system before the next one's lands
-                    idx = order[start : start + self.batch_size]
+                    idx = order[start : start + per_batch]
                     gone = [cancelled[i] for i in idx] if cancelled is not None else None
-                    for i, c in zip(idx, self._batch([list(prompts[i]) for i in idx], settings, sampler, device, gone)):
-                        results[i] = c
+                    done = self._batch([list(prompts[i]) for i in idx], settings, sampler, device, gone, n=n)
+                    for j, i in enumerate(idx):
+                        results[i] = done[j * n : (j + 1) * n]
         finally:
             model.train(was_training)
-        return results  # type: ignore[return-value]
+        return [c for cs in results for c in cs]  # type: ignore[union-attr]
 
     # ---------------------------------------------------------------------------------------------------- inside
     def _autocast(self, device):
@@ -419,7 +426,8 @@ class Engine:
                 c.layers[i]._k = c.layers[i]._v = c.layers[i].keys = c.layers[i].values = None
         return torch.cat(logits), joined
 
-    def _batch(self, rows: list[list[int]], s: SamplingSettings, sampler, device, gone=None) -> list[Completion]:
+    def _batch(self, rows: list[list[int]], s: SamplingSettings, sampler, device, gone=None,
+               n: int = 1) -> list[Completion]:
         import torch
 
         from transformers.cache_utils import DynamicLayer
@@ -434,6 +442,11 @@ class Engine:
         mask = torch.tensor([[1] * p + [0] * (width - len(r)) + [1] * len(r) for r in rest], device=device)  # (B, P+W)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, p:]  # (B, W): positions as if unpadded
         logits, cache = self._prefill(ids, mask, pos, prefix, rows)
+        if n > 1:  # n samples of each prompt from one prefill: every row of the cache repeated n times, in place
+            logits, mask, pos = (t.repeat_interleave(n, 0) for t in (logits, mask, pos))
+            cache.batch_repeat_interleave(n)
+            gone = None if gone is None else [g for g in gone for _ in range(n)]
+            B = B * n
         last = pos[:, -1]  # (B,)
         stops = torch.tensor(self.stops, device=device)
         live = torch.arange(B, device=device)  # which rows of `rows` the batch still holds

@@ -53,14 +53,15 @@ def user_turns(
     goals: Sequence[str | None] | str | None = None,
     personas: Sequence[str | None] | str | None = None,
     seed: int = 0,
+    n: int = 1,
 ) -> list[SimulatedTurn]:
-    """One sampled user turn per context (the messages before the user's turn, real orientation). Same seed and
-    inputs, same outputs; the caller's torch RNG is left alone."""
+    """`n` sampled user turns per context (the messages before the user's turn, real orientation), context-major.
+    Same seed and inputs, same outputs; the caller's torch RNG is left alone."""
     goals, personas = per_item(goals, len(contexts), "goals"), per_item(personas, len(contexts), "personas")
     prompts = [render_prompt(engine.tokenizer, c, persona=p, goal=g, max_context_tokens=settings.max_prompt_tokens)
                for c, g, p in zip(contexts, goals, personas)]
     out = []
-    for c in engine.complete_texts(prompts, settings, seed=seed):
+    for c in engine.complete_texts(prompts, settings, seed=seed, n=n):
         raw = clean_turn(c.text)
         text, ended = strip_end_marker(raw)
         # a marker cut off by the budget still counts as an end (strip_end_marker), and then the turn was not cut
@@ -79,4 +80,18 @@ def simulate_records(engine: Engine, records: Sequence[TurnRecord], settings: Sa
         TurnRecord(id=r.id, context=[dict(m) for m in r.context], user_turn=t.text, conversation_id=r.conversation_id,
                    meta={"ended": t.ended, "truncated": t.truncated})
         for r, t in zip(records, turns)
+    ]
+
+
+def simulate_candidates(engine: Engine, records: Sequence[TurnRecord], settings: SamplingSettings, k: int, *,
+                        seed: int = 0) -> list[list[TurnRecord]]:
+    """`k` simulated turns for each record's context (one prefill per context), as `simulate_records` writes them,
+    each with `meta["candidate"]` = its index: [len(records)][k]."""
+    turns = user_turns(engine, [r.context for r in records], settings, goals=[r.meta.get("goal") for r in records],
+                       personas=[r.meta.get("persona") for r in records], seed=seed, n=k)
+    return [
+        [TurnRecord(id=r.id, context=[dict(m) for m in r.context], user_turn=t.text, conversation_id=r.conversation_id,
+                    meta={"ended": t.ended, "truncated": t.truncated, "candidate": j})
+         for j, t in enumerate(turns[i * k : (i + 1) * k])]
+        for i, r in enumerate(records)
     ]

@@ -211,6 +211,24 @@ def test_error_bodies_are_drained_and_chunked_bodies_read(server, monkeypatch):
     assert status == 200 and "response" in json.loads(doc["choices"][0]["message"]["content"])
 
 
+def test_an_oversized_body_gets_a_413_the_client_can_read(server):
+    """5 MiB through urllib and the official client: each reads the 413 and its message, not a broken pipe; the
+    server answers the next request."""
+    import openai
+
+    big = json.dumps({"messages": [{"role": "user", "content": "x" * (5 << 20)}]}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{server.server_address[1]}/v1/chat/completions", data=big,
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=30)
+    assert e.value.code == 413 and "over 4 MiB" in json.loads(e.value.read())["error"]["message"]
+    with pytest.raises(openai.APIStatusError) as e:
+        client(server).chat.completions.create(model="m", messages=[{"role": "user", "content": "y" * (5 << 20)}])
+    assert e.value.status_code == 413
+    out = client(server).chat.completions.create(model="m", messages=telepathy_request(), max_tokens=3)
+    assert out.choices[0].message.content is not None
+
+
 def test_an_abandoned_request_is_cancelled_and_does_not_delay_the_next(tiny_lm_path):
     """A client that gives up (UserRL's 10 s timeout): its request is dropped from the batch at the next token, so a
     request that arrives after it is answered without waiting for the abandoned one's full budget."""

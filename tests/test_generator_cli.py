@@ -47,3 +47,22 @@ def test_simulate_cli_bad_input_exits_2(tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit) as e:
         main(argv + ["--out", str(tmp_path / "x.jsonl")])
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_simulate_an_export_samples_with_its_recorded_settings(tmp_path, tiny_lm_path, capsys):
+    import shutil
+
+    export = tmp_path / "frozen"
+    shutil.copytree(tiny_lm_path, export)
+    recorded = {"max_new_tokens": 5, "temperature": 0.7, "top_p": 0.9, "top_k": 0, "min_new_tokens": 1,
+                "max_prompt_tokens": 64}
+    (export / "simulator.json").write_text(json.dumps({"sampling": recorded}))
+    base = ["--model", str(export), "--limit", "4", "--out", str(tmp_path / "s.jsonl"), "--batch-size", "4"]
+    summary = main(base)
+    assert summary["sampling"] == recorded and summary["sampling_source"] == "the export's recorded settings"
+    assert "sampling: " in capsys.readouterr().err
+    over = main(base + ["--temperature", "0.5"])
+    assert over["sampling"] == {**recorded, "temperature": 0.5} and "temperature=0.5" in over["sampling_source"]
+    plain = main(["--model", tiny_lm_path, "--limit", "4", "--out", str(tmp_path / "p.jsonl")])
+    assert plain["sampling"]["max_new_tokens"] == 96 and plain["batch_size"] == 128
+    assert plain["sampling_source"] == "the defaults"

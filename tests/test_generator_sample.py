@@ -223,6 +223,39 @@ def test_engine_greedy_tokens_equal_transformers_generate(varied, options):
     assert got[1].text == tok.decode(free[1][:2], skip_special_tokens=True)
 
 
+@pytest.mark.parametrize("options", [{}, {"share_prefix": False}, {"growing_cache": False}, {"prefill_tokens": 1}])
+def test_engine_n_samples_repeat_one_prefill(varied, options):
+    """n completions per prompt from one prefill: greedy, each of the n equals the n=1 completion (the repeated cache
+    is the same cache); sampled, they are prompt-major, seeded and not all equal."""
+    from generator.prompts import render_prompt
+
+    model, tok = varied
+    contexts = [CTX, [{"role": "user", "content": "book me a table for four tonight somewhere quiet please"}],
+                [{"role": "user", "content": "x"}]]
+    rows = [tok(render_prompt(tok, c), add_special_tokens=False)["input_ids"] for c in contexts]
+    greedy = SamplingSettings(max_new_tokens=6, temperature=0, min_new_tokens=0)
+    one = Engine(model, tok, batch_size=8, **options).complete(rows, greedy)
+    three = Engine(model, tok, batch_size=8, **options).complete(rows, greedy, n=3)
+    assert [c.ids for c in three] == [c.ids for c in one for _ in range(3)]
+    hot = SamplingSettings(max_new_tokens=6, temperature=1.5, top_p=1.0, min_new_tokens=6)
+    a = Engine(model, tok, batch_size=4, **options).complete(rows, hot, seed=3, n=4)  # 1 prompt a batch
+    b = Engine(model, tok, batch_size=4, **options).complete(rows, hot, seed=3, n=4)
+    assert len(a) == 12 and [c.ids for c in a] == [c.ids for c in b]
+    assert all(len({tuple(c.ids) for c in a[i * 4:(i + 1) * 4]}) > 1 for i in range(3))
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        Engine(model, tok).complete(rows, hot, n=0)
+
+
+def test_simulate_candidates_shape_and_meta(tiny):
+    from generator.sample import simulate_candidates
+
+    recs = [TurnRecord(id=f"r{i}", context=CTX, user_turn="real", conversation_id=f"c{i}") for i in range(3)]
+    cands = simulate_candidates(_engine(tiny, batch_size=4), recs, SamplingSettings(max_new_tokens=4), 2, seed=1)
+    assert [[c.id for c in cs] for cs in cands] == [["r0", "r0"], ["r1", "r1"], ["r2", "r2"]]
+    assert [c.meta["candidate"] for cs in cands for c in cs] == [0, 1] * 3
+    assert all(c.conversation_id == r.conversation_id and c.context == r.context for r, cs in zip(recs, cands) for c in cs)
+
+
 def test_engine_min_new_tokens_and_cancel(tiny):
     model, tok = tiny
     rows = [tok("hello there", add_special_tokens=False)["input_ids"]] * 3

@@ -1,0 +1,82 @@
+"""Discriminator-guided decoding and its calibration: pure logic with exact values, and the go/no-go's pooled
+paired difference."""
+
+import numpy as np
+import pytest
+
+from adversary.guidance import choose, effective_sample_size
+from adversary.guided import GuidedConfig, pooled_difference, split_by_conversation
+from adversary.heldout import mean_rows
+from conversations import TurnRecord
+from conversations.config import ConfigError
+from discriminator.calibration import PlattScaler, calibration_report, expected_calibration_error
+
+
+def test_argmax_and_resample_pick_by_the_weights():
+    z = np.array([[0.0, 3.0, 1.0], [-5.0, -5.0, 2.0]])
+    assert choose(z, "argmax", np.random.default_rng(0)).tolist() == [1, 2]
+    # resampling draws index j with probability exp(z_j) / sum exp(z): row 0 -> [0.035, 0.844, 0.114]
+    rng = np.random.default_rng(0)
+    draws = np.stack([choose(z, "resample", rng) for _ in range(20000)])  # (20000, 2)
+    freq = np.bincount(draws[:, 0], minlength=3) / len(draws)
+    p = np.exp(z[0]) / np.exp(z[0]).sum()
+    assert np.allclose(freq, p, atol=0.01)
+    assert choose(np.array([[800.0, 0.0]]), "resample", rng).tolist() == [0]  # no overflow
+    with pytest.raises(ValueError, match="unknown rule"):
+        choose(z, "mode", rng)
+
+
+def test_effective_sample_size():
+    assert effective_sample_size(np.zeros((1, 8))).tolist() == [8.0]
+    assert effective_sample_size(np.array([[100.0, 0.0, 0.0]]))[0] == pytest.approx(1.0)
+
+
+def test_expected_calibration_error_exact():
+    # bin [0.1, 0.2): two items at 0.1, one real -> |1 - 0.2| ; bin [0.9, 1]: 0.9, 0.9, 1.0, all real -> |3 - 2.8|
+    assert expected_calibration_error([0.1, 0.1, 0.9, 0.9, 1.0], [0, 1, 1, 1, 1]) == pytest.approx(0.2)
+    assert expected_calibration_error([0.5, 0.5], [0, 1]) == pytest.approx(0.0)
+
+
+def test_platt_scaling_fixes_an_overconfident_scorer():
+    rng = np.random.default_rng(0)
+    s = rng.normal(size=4000)
+    y = (rng.random(4000) < 1 / (1 + np.exp(-s))).astype(int)  # s is the calibrated log-odds
+    scaler = PlattScaler().fit(4 * s, y)  # an over-confident scorer: 4x the log-odds
+    assert scaler.a == pytest.approx(0.25, abs=0.03) and abs(scaler.b) < 0.1
+    rep = calibration_report(4 * s, y, scaler)
+    assert rep["calibrated"]["ece"] < 0.03 < rep["raw"]["ece"]
+    assert rep["calibrated"]["log_loss"] < rep["raw"]["log_loss"]
+
+
+def test_mean_rows_averages_numbers_and_reports_the_seed_spread():
+    rows = [{"td/panel": 20.0, "td/ci_low": 16.0, "td/headline": "classical", "diag/x": 1},
+            {"td/panel": 24.0, "td/ci_low": 18.0, "td/headline": "style", "diag/x": 3}]
+    m = mean_rows(rows)
+    assert m["td/panel"] == 22.0 and m["td/ci_low"] == 17.0 and m["diag/x"] == 2.0
+    assert m["td/headline"] == "classical" and m["td/seeds"] == 2
+    assert m["td/seed_sd"] == pytest.approx(np.std([20.0, 24.0], ddof=1))
+    assert mean_rows(rows[:1])["td/seeds"] == 1
+
+
+def test_pooled_difference_is_the_mean_over_seeds_of_the_panel_td_difference():
+    # 4 contexts, 1 detector, 2 items per context (real, simulated); every resample = all contexts once
+    ctx = np.array([0, 0, 1, 1, 2, 2, 3, 3])
+    a = [np.array([[1, 1, 1, 1, 0, 0, 1, 0]], bool), np.array([[1, 0, 1, 0, 1, 0, 1, 0]], bool)]  # 62.5%, 50%
+    b = [np.ones((1, 8), bool), np.array([[1, 1, 1, 1, 1, 1, 0, 0]], bool)]  # 100%, 75%
+    counts = np.ones((3, 4), dtype=np.int64)
+    d = pooled_difference(a, b, [ctx, ctx], counts)
+    assert d.tolist() == [((12.5 - 50) + (0 - 25)) / 2] * 3
+
+
+def test_split_by_conversation_keeps_conversations_whole():
+    recs = [TurnRecord(id=f"t{i}", context=[], user_turn="u", conversation_id=f"c{i // 3}") for i in range(300)]
+    fit, held = split_by_conversation(recs, 0.25)
+    assert len(fit) + len(held) == 300 and 30 < len(held) < 120
+    assert not {r.conversation_id for r in fit} & {r.conversation_id for r in held}
+
+
+def test_guided_config_checks():
+    with pytest.raises(ConfigError, match="including 1"):
+        GuidedConfig(ks=[4, 8])
+    with pytest.raises(ConfigError, match="rules"):
+        GuidedConfig(rules=["mode"])
