@@ -52,6 +52,10 @@ class GuidedConfig:
         "help": "Fresh detectors of the scoring (embed: frozen MiniLM + a logistic head)."})
     guided_folds: int = field(default=5, metadata={"help": "Cross-fitting folds of the scoring."})
     n_boot: int = field(default=1000, metadata={"help": "Bootstrap resamples of the paired differences."})
+    disc_tag: str = field(default="", metadata={
+        "help": "Name of this discriminator variant: its fit goes to OUT/disc_<tag> and its results to "
+                "OUT/guided_<tag>.json, so variants share the warm start and the candidate pools (empty: OUT/disc, "
+                "OUT/guided.json)."})
 
     def __post_init__(self):
         if 1 not in self.ks or min(self.ks) < 1:
@@ -101,7 +105,7 @@ def _load_or_fit_discriminator(cfg, args, guided, data, engine, settings, out: P
     from generator.sample import simulate_records
 
     disc = make_discriminator(cfg, args.seed)
-    ddir = out / "disc"
+    ddir = out / (f"disc_{guided.disc_tag}" if guided.disc_tag else "disc")
     if (ddir / "calibration.json").exists():
         doc = json.loads((ddir / "calibration.json").read_text())
         disc.load(ddir)
@@ -276,8 +280,9 @@ def main(argv=None) -> int:
            "conditions": summary, "per_seed": per_seed, "pool_seconds": pool_seconds, "timings": timings,
            "wall_seconds": round(time.time() - t_start, 1),
            "config": {"adversary": to_jsonable(cfg), "guided": to_jsonable(guided)}}
-    (out / "guided.json").write_text(json.dumps(doc, indent=2, default=float))
-    print(f"guided done in {doc['wall_seconds'] / 60:.1f} min: {out / 'guided.json'}")
+    result = out / (f"guided_{guided.disc_tag}.json" if guided.disc_tag else "guided.json")
+    result.write_text(json.dumps(doc, indent=2, default=float))
+    print(f"guided done in {doc['wall_seconds'] / 60:.1f} min: {result}")
     return 0
 
 

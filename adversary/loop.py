@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import time
 from pathlib import Path
 
 import torch
@@ -14,6 +13,7 @@ from transformers import TrainerCallback
 
 from adversary.cotrain import CoTrainCallback, FaultCounter
 from adversary.reward import build_rewards
+from adversary.trainer_parts import TimeBudget, save_policy
 from generator.engine import inference_model
 
 log = logging.getLogger("adversary")
@@ -69,7 +69,6 @@ class HeldoutGateCallback(TrainerCallback):
                                      merge_lora=self.cfg.heldout_merge_lora, gather_zero3=self.args.ds3_gather_for_generation)
         row, stop, is_best = self.meter.evaluate(step, generation, acc, extra)
         if is_best:
-            from adversary.stages import save_policy
 
             save_policy(self.trainer, self.out / "best")
             if acc.is_main_process:
@@ -98,22 +97,6 @@ class HeldoutGateCallback(TrainerCallback):
         self.state.gate.finish(state.global_step)
         if self.trainer.accelerator.is_main_process:
             self.meter.write_outputs()
-        return control
-
-
-class TimeBudget(TrainerCallback):
-    """Stops training once `seconds` of wall time have passed since `start` (the study's equal-time arms)."""
-
-    def __init__(self, seconds: float, start: float | None = None):
-        self.seconds, self.start = seconds, start
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.start = self.start or time.time()
-        return control
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if self.seconds and time.time() - self.start >= self.seconds:
-            control.should_training_stop = True
         return control
 
 

@@ -113,7 +113,7 @@ def train_round(cfg, args, model, tokenizer, rows: list[dict], out: Path, budget
     """One epoch of DPO on the round's pairs; returns (the model, the trainer's log history, optimiser steps)."""
     from trl import DPOTrainer
 
-    from adversary.loop import TimeBudget
+    from adversary.trainer_parts import TimeBudget
     from generator.model import pick_device, prepare_training
 
     prepare_training(model, pick_device(), cfg.warmstart_max_length + cfg.heldout_max_new_tokens)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -330,18 +329,3 @@ def export_best(cfg, args, best_dir: Path, manifest: dict) -> Path:
         export_frozen(model, tok, out, manifest)
     PartialState().wait_for_everyone()
     return out
-
-
-def save_policy(trainer, out: Path) -> None:
-    """Save the generator as it is now (adapter only under LoRA) into `out`, replacing what was there; collective
-    under DeepSpeed/FSDP (every rank calls it)."""
-    tmp = out.with_name(out.name + ".tmp")
-    if trainer.accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-    trainer.accelerator.wait_for_everyone()
-    trainer.save_model(str(tmp))
-    if trainer.accelerator.is_main_process:
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    trainer.accelerator.wait_for_everyone()

@@ -182,7 +182,7 @@ def plateau_warm_start(cfg, args, study, data, out: Path) -> tuple[str, list[dic
 
 
 def run_sft_arm(cfg, args, study, data, start_model: str, out: Path) -> dict:
-    from adversary.loop import TimeBudget
+    from adversary.trainer_parts import TimeBudget
     from adversary.stages import warm_start_config
     from generator.sft import run_sft
 
@@ -218,7 +218,7 @@ def run_adversarial_arm(cfg, args, study, data, start_model: str, out: Path) -> 
         tok.save_pretrained(str(out / "model"))
         steps, curve = res["steps"], res["figures"]
     else:
-        from adversary.loop import TimeBudget
+        from adversary.trainer_parts import TimeBudget
 
         trainer = build_trainer(cfg, args, model, tok, state, data)
         trainer.add_callback(TimeBudget(study.arm_seconds, start=t0))

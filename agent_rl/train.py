@@ -64,7 +64,11 @@ class AgentRLArgs(UserSamplingArgs):
     lora_r: int = 16
     lora_alpha: int = 32
     lora_dropout: float = 0.0
-    torch_threads: int = field(default=0, metadata={"help": "torch intra-op threads (0: torch's default)"})
+    torch_threads: int = field(default=0, metadata={"help": "torch intra-op threads (0: conversations.threads chooses)"})
+    rollout_merge: bool = field(default=True, metadata={
+        "help": "decode the rollouts on a merged copy of the LoRA policy in the run's precision (the engine's path "
+                "everywhere else); false decodes the unmerged training model (no extra copy of the weights: for a "
+                "GPU short of memory)"})
     dtype: str = field(default="auto", metadata={
         "help": "precision: auto (bf16 on GPUs and fast-bf16 CPUs, else fp32), bf16 or fp32; --bf16 means the same"})
 
@@ -117,8 +121,6 @@ class AgentRollout:
         self.last_output: dict = {}
 
     def __call__(self, prompts: list, trainer) -> dict[str, Any]:
-        from trl.models import unwrap_model_for_generation
-
         from agent_rl.agents import PolicyAgent
         from agent_rl.gyms import get_gym
         from agent_rl.rollout import EpisodeSpec, run_episodes
@@ -132,9 +134,12 @@ class AgentRollout:
             EpisodeSpec(x["gym"], get_gym(x["gym"]).get_task(x["task_id"]), step * 100_003 + i, a.max_turns or None)
             for i, x in enumerate(inputs)
         ]
-        with unwrap_model_for_generation(
-            trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=trainer.args.ds3_gather_for_generation
-        ) as model:
+        from generator.engine import inference_model
+
+        # the engine's path, as for every other caller: a merged bf16 copy of the LoRA policy where the CPU is fast in
+        # bf16 (the unmerged LoRA model decoded 38-49 s a GRPO step of 8 episodes); the training weights untouched
+        with inference_model(trainer.model_wrapped, trainer.accelerator, precision=a.dtype, merge_lora=a.rollout_merge,
+                             gather_zero3=trainer.args.ds3_gather_for_generation) as model:
             agent = PolicyAgent(
                 model,
                 self.tokenizer,
@@ -215,6 +220,28 @@ def _trainer_class():
     return MultiTurnGRPOTrainer
 
 
+def _step_seconds_callback():
+    """`agent/step_seconds` in every log: the wall time of the last GRPO step, its rollouts included."""
+    import time
+
+    from transformers import TrainerCallback
+
+    class StepSeconds(TrainerCallback):
+        t0, last = None, None
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            self.last = time.perf_counter() - self.t0
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs is not None and self.last is not None:
+                logs["agent/step_seconds"] = round(self.last, 2)
+
+    return StepSeconds()
+
+
 def train(args: AgentRLArgs, grpo, callbacks: list | None = None):
     """Run agent RL. Returns (summary, trainer); the summary is also written to OUTPUT_DIR/agent_rl.json and the
     LoRA adapter (plus tokenizer) to OUTPUT_DIR, loadable as an agent: `--agent OUTPUT_DIR`."""
@@ -245,7 +272,7 @@ def train(args: AgentRLArgs, grpo, callbacks: list | None = None):
         processing_class=tokenizer,
         peft_config=lora,
         rollout_func=rollout,
-        callbacks=callbacks,
+        callbacks=[_step_seconds_callback(), *(callbacks or [])],
     )
     trainer.train()
     trainer.save_model(grpo.output_dir)

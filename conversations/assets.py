@@ -20,7 +20,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from conversations.embedded import cache_dir, package_dir
+from conversations.packages import cache_dir, package_dir
 from conversations.schema import DataError
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

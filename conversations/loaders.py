@@ -277,7 +277,7 @@ def iter_conversations(
     report = report if report is not None else LoadReport(spec)
     tolerate_tail = False
     if spec == "sharegpt":
-        from conversations.embedded import sharegpt_path
+        from conversations.packages import sharegpt_path
 
         path = sharegpt_path()
         fmt = "sharegpt" if fmt == "auto" else fmt

@@ -178,7 +178,7 @@ def cpu_bf16_is_fast() -> bool:
     fp = _cpu_fingerprint()
     if not ({"avx512_bf16", "amx_bf16"} & set(fp["flags"])):
         return False  # bf16 is emulated in software there: never faster
-    from conversations.embedded import cache_dir
+    from conversations.packages import cache_dir
 
     path = cache_dir() / "precision.json"
     try:

@@ -39,8 +39,9 @@ from conversations.schema import DataError
 # SmolLM2-135M decoding on 2 CPU cores (bf16): 116 tok/s at 16 rows, 490 at 64, 604 at 128, 659 at 256; 128 is
 # where the rate flattens (256 costs another ~1.5 GB of cache for 9%)
 DEFAULT_BATCH_SIZE = 128
-# a model that is not an export: the main job's budgets (96 new tokens cover 99% of real held-out turns)
-DEFAULT_SAMPLING = dict(max_new_tokens=96, temperature=1.0, top_p=0.95, max_prompt_tokens=256)
+# a model that is not an export: the default run's budgets (96 new tokens cover 99% of real held-out turns; the
+# prompt's 128 tokens hold the system prompt and the end of the context)
+DEFAULT_SAMPLING = dict(max_new_tokens=96, temperature=1.0, top_p=0.95, max_prompt_tokens=128)  # configs/demo.yaml's
 EXPORT_MANIFEST = "simulator.json"  # adversary.export writes it; read here as plain JSON (data flows one way)
 
 
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> dict:
     from conversations.precision import inference_dtype, resolve_precision
     from generator.data import load_turns, sample_records
     from generator.diagnostics import jsonable, realism_diagnostics
-    from generator.engine import Engine, SamplingSettings
+    from generator.engine import Engine
     from generator.model import load_generator
     from generator.sample import simulate_records
 
@@ -253,7 +254,7 @@ def simulate_conversations_cli(args) -> dict:
     from generator.assistants import ReplayAssistant
     from generator.diagnostics import conversation_diagnostics, jsonable
     from generator.dialogue import simulate_conversations
-    from generator.engine import Engine, SamplingSettings
+    from generator.engine import Engine
     from generator.model import load_generator
 
     real = real_conversations(args)

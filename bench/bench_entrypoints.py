@@ -1,0 +1,154 @@
+"""The documented commands at the machine's full speed: each run the way the README writes it, beside the engine's
+best (or the documented fast launch) on the same work, in one run. Alone on the machine: nothing else CPU-heavy.
+
+    python bench/bench_entrypoints.py                    # simulate CLI + agent GRPO step (~6 min on 2 cores)
+    python bench/bench_entrypoints.py --main-job         # + the bare main job against `make demo`'s launch (~20 min)
+    python bench/bench_entrypoints.py --parts simulate   # one part
+
+Parts:
+- `simulate`: `python -m generator.simulate --model smollm2-135m-instruct --data sharegpt --split test --limit 200
+  --out sim.jsonl` at its defaults, against the engine as the main job's meter runs it (a bf16 copy where this CPU is
+  fast in bf16, batches of `sim_batch_size`, the held-out settings of configs/demo.yaml) on the same 200 contexts.
+  Both rates are generated tokens (stop token included) over the generation's wall time. Target: >= 0.8.
+- `agent`: `accelerate launch agent_rl/train.py --config configs/agent.yaml` for 3 GRPO steps (8 episodes each)
+  against `scripted:oracle`, with the rollouts on the merged inference copy (the default) and on the unmerged LoRA
+  model (`--rollout_merge false`, the path before); seconds a step after the first. Target: the default >= 2x faster
+  than the 38-49 s a step measured before.
+- `main_job`: `accelerate launch adversary/train.py` exactly (bare: no --cpu, no config file, no thread count) against
+  `make demo`'s `accelerate launch --config_file configs/accelerate/cpu.yaml --num_cpu_threads_per_process $(nproc)
+  adversary/train.py`, each from scratch; stage seconds from each run's summary.json. Target: within 10%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import ROOT, emit, log, r  # noqa: E402
+
+SIM_ARGV = ["--model", "smollm2-135m-instruct", "--data", "sharegpt", "--split", "test", "--limit", "200"]
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS" and not k.startswith("ACCELERATE_")}
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+def part_simulate(tmp: Path) -> dict:
+    from adversary.heldout import HELDOUT_SEED, heldout_settings
+    from adversary.train import parse_args, quiet_libraries
+    from conversations import load_turn_records
+    from conversations.precision import inference_dtype
+    from generator.engine import Engine
+    from generator.model import load_generator
+    from generator.prompts import render_prompt
+
+    quiet_libraries()
+    out, report = tmp / "sim.jsonl", tmp / "sim_report.json"
+    t0 = time.time()
+    subprocess.run([sys.executable, "-m", "generator.simulate", *SIM_ARGV, "--out", str(out), "--real-out",
+                    str(tmp / "real.jsonl"), "--report", str(report)], cwd=ROOT, env=_env(), check=True,
+                   stdout=subprocess.DEVNULL)
+    cli_wall = time.time() - t0
+    cli = json.loads(report.read_text())
+    cfg, args = parse_args(["--output_dir", str(tmp / "x")])  # configs/demo.yaml: the main job's meter settings
+    model, tok = load_generator(cfg.model, dtype=inference_dtype(cfg.dtype))
+    real, _ = load_turn_records(tmp / "real.jsonl")  # the CLI's own 200 contexts
+    settings = heldout_settings(cfg)
+    engine = Engine(model, tok, batch_size=cfg.sim_batch_size, precision=cfg.dtype)
+    prompts = [render_prompt(tok, rec.context, max_context_tokens=settings.max_prompt_tokens) for rec in real]
+    engine.complete_texts(prompts[:8], settings.replace(max_new_tokens=4), seed=1)  # warm-up, as the CLI's load does
+    t1 = time.time()
+    done = engine.complete_texts(prompts, settings, seed=HELDOUT_SEED)
+    eng_s = time.time() - t1
+    eng_tokens = sum(len(c.ids) for c in done)
+    # the CLI's own count is of its turns' text tokens; recount its turns the engine's way for one measure
+    sims, _ = load_turn_records(out)
+    cli_tokens = sum(len(tok(s.user_turn, add_special_tokens=False)["input_ids"]) + 1 for s in sims)
+    cli_rate, eng_rate = cli_tokens / cli["generate_s"], eng_tokens / eng_s
+    return {"cli_tok_s": r(cli_rate, 1), "engine_tok_s": r(eng_rate, 1), "ratio": r(cli_rate / eng_rate),
+            "target": ">= 0.8", "met": cli_rate / eng_rate >= 0.8, "cli_generate_s": cli["generate_s"],
+            "cli_wall_s": r(cli_wall, 1), "cli_sampling": cli.get("sampling"), "cli_batch": cli.get("batch_size"),
+            "engine_sampling": settings.to_dict(), "engine_batch": cfg.sim_batch_size, "contexts": len(real)}
+
+
+def part_agent(tmp: Path, steps: int = 3) -> dict:
+    res = {}
+    for label, extra in (("merged", []), ("unmerged", ["--rollout_merge", "false"])):
+        outdir = tmp / f"agent_{label}"
+        cmd = ["accelerate", "launch", "--config_file", str(ROOT / "configs/accelerate/cpu.yaml"),
+               "--num_cpu_threads_per_process", str(os.cpu_count()), str(ROOT / "agent_rl/train.py"),
+               "--config", str(ROOT / "configs/agent.yaml"), "--max_steps", str(steps), "--save_steps", "1000",
+               "--report_to", "none", "--output_dir", str(outdir), *extra]
+        t0 = time.time()
+        p = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True)
+        wall = time.time() - t0
+        if p.returncode != 0:
+            raise RuntimeError(f"agent run {label} failed: {p.stderr[-2000:]}")
+        hist = json.loads((outdir / "agent_rl.json").read_text())["log_history"]
+        times = [h["agent/step_seconds"] for h in hist if "agent/step_seconds" in h]
+        res[label] = {"wall_s": r(wall, 1), "step_seconds": [r(t, 1) for t in times],
+                      "steady_step_s": r(sum(times[1:]) / max(1, len(times) - 1), 1) if len(times) > 1 else
+                      (r(times[0], 1) if times else None)}
+    m, u = res["merged"]["steady_step_s"], res["unmerged"]["steady_step_s"]
+    res["speedup_vs_unmerged"] = r(u / m) if m and u else None
+    res["before_s"] = "38-49 (docs/results.md, 2026-12-01)"
+    res["met"] = bool(m and m <= 38 / 2)
+    return res
+
+
+def _main_job(tmp: Path, label: str, launch: list[str]) -> dict:
+    outdir = tmp / f"main_{label}"
+    t0 = time.time()
+    p = subprocess.run(launch + [str(ROOT / "adversary/train.py"), "--output_dir", str(outdir)], cwd=ROOT, env=_env(),
+                       capture_output=True, text=True)
+    wall = time.time() - t0
+    if p.returncode != 0:
+        raise RuntimeError(f"main job {label} failed: {p.stderr[-2000:]}")
+    s = json.loads((outdir / "summary.json").read_text())
+    return {"wall_s": r(wall, 1), "stage_seconds": s["stage_seconds"], "threads": s.get("threads"),
+            "best_td": s["best_td"], "peak_rss_mb": s["peak_rss_mb"]}
+
+
+def part_main_job(tmp: Path) -> dict:
+    bare = _main_job(tmp, "bare", ["accelerate", "launch"])
+    demo = _main_job(tmp, "make_demo", ["accelerate", "launch", "--config_file", str(ROOT / "configs/accelerate/cpu.yaml"),
+                                        "--num_cpu_threads_per_process", str(os.cpu_count())])
+    ratios = {k: r(v / demo["stage_seconds"][k]) for k, v in bare["stage_seconds"].items()
+              if demo["stage_seconds"].get(k)}
+    return {"bare": bare, "make_demo": demo, "stage_ratio_bare_over_demo": ratios,
+            "wall_ratio": r(bare["wall_s"] / demo["wall_s"]), "target": "<= 1.10 every stage",
+            "met": all(v <= 1.10 for k, v in ratios.items() if demo["stage_seconds"][k] >= 5)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--parts", nargs="+", default=None, choices=["simulate", "agent", "main_job"])
+    p.add_argument("--main-job", action="store_true", help="include the main-job pair (~20 min)")
+    p.add_argument("--agent-steps", type=int, default=3)
+    a = p.parse_args(argv)
+    parts = a.parts or (["simulate", "agent"] + (["main_job"] if a.main_job else []))
+    out = {"bench": "entrypoints"}
+    with tempfile.TemporaryDirectory(prefix="bench_entry_") as d:
+        tmp = Path(d)
+        for part in parts:
+            log(f"== {part}")
+            t0 = time.time()
+            out[part] = {"simulate": part_simulate, "agent": lambda t: part_agent(t, a.agent_steps),
+                         "main_job": part_main_job}[part](tmp)
+            out[part]["bench_seconds"] = r(time.time() - t0, 1)
+            log(json.dumps(out[part]))
+    emit(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

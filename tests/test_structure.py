@@ -1,0 +1,69 @@
+"""The import structure: no circle among the package modules, and no import from a lower layer to a higher one
+(data flows conversations -> generator & discriminator -> adversary -> agent_rl). Read from the source, every
+import statement (function-level ones too: a lazy import is still a dependency)."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYERS = {"conversations": 0, "generator": 1, "discriminator": 1, "adversary": 2, "agent_rl": 3}
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = {_module(p): p for pkg in LAYERS for p in (ROOT / pkg).rglob("*.py")}
+    graph = {}
+    for name, path in mods.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else []
+            for t in targets:
+                # the longest of our modules that the target names (a package's __init__ counts as the package)
+                while t and t not in mods:
+                    t = t.rpartition(".")[0]
+                if t and t != name:
+                    deps.add(t)
+        graph[name] = deps
+    return graph
+
+
+def test_no_import_from_a_lower_layer_to_a_higher_one():
+    bad = [(a, b) for a, deps in import_graph().items() for b in deps
+           if LAYERS[b.split(".")[0]] > LAYERS[a.split(".")[0]]]
+    assert not bad, f"imports against the data flow: {bad}"
+
+
+def test_generator_and_discriminator_do_not_import_each_other():
+    bad = [(a, b) for a, deps in import_graph().items() for b in deps
+           if {a.split(".")[0], b.split(".")[0]} == {"generator", "discriminator"}]
+    assert not bad, bad
+
+
+def test_no_import_circle():
+    graph = import_graph()
+    # package __init__ files that only re-export are edges of their own package: leave them out of the cycle search
+    state, stack, cycles = {}, [], []
+
+    def visit(n):
+        state[n] = 1
+        stack.append(n)
+        for m in graph.get(n, ()):
+            if m.endswith("__init__"):
+                continue
+            if state.get(m) == 1:
+                cycles.append(stack[stack.index(m):] + [m])
+            elif m not in state:
+                visit(m)
+        stack.pop()
+        state[n] = 2
+
+    for n in sorted(graph):
+        if n not in state:
+            visit(n)
+    cycles = [c for c in cycles if not any("." not in x for x in c)]  # a package importing its own __init__ names
+    assert not cycles, f"import circles: {cycles}"
