@@ -49,10 +49,11 @@ def _hash_tree(root: Path) -> dict[str, str]:
     }
 
 
-def export_frozen(model, tokenizer, out_dir: str | Path, manifest: dict[str, Any]) -> Path:
+def export_frozen(model, tokenizer, out_dir: str | Path, manifest: dict[str, Any], extra=None) -> Path:
     """Merge LoRA adapters (if any), save everything into a temporary sibling folder, hash, make read-only, rename.
 
-    `model` may be a peft model (merged here, on the model itself) or a plain transformers model."""
+    `model` may be a peft model (merged here, on the model itself) or a plain transformers model. `extra(folder)`
+    writes more files into the export before it is hashed (the guide of a guided export: `adversary.guidance`)."""
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     if hasattr(model, "merge_and_unload"):
@@ -63,6 +64,8 @@ def export_frozen(model, tokenizer, out_dir: str | Path, manifest: dict[str, Any
         tokenizer.save_pretrained(tmp)
         if getattr(tokenizer, "chat_template", None) and not (tmp / "chat_template.jinja").exists():
             (tmp / "chat_template.jinja").write_text(tokenizer.chat_template)
+        if extra is not None:
+            extra(tmp)
         files = _hash_tree(tmp)
         doc = dict(manifest)
         doc.update(export_format=EXPORT_FORMAT, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), files=files)

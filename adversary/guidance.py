@@ -35,3 +35,129 @@ def effective_sample_size(logodds: np.ndarray) -> np.ndarray:
     z = np.asarray(logodds, dtype=np.float64)
     w = np.exp(z - z.max(1, keepdims=True))
     return w.sum(1) ** 2 / (w ** 2).sum(1)
+
+
+class Guide:
+    """A calibrated discriminator that keeps one of K sampled turns: what a guided export carries (OUT/guide) and
+    what `agent_rl.users.load_simulator` and `agent_rl.serve` use when guidance K > 1.
+
+    `disc`: an `adversary.discriminator.Discriminator`; `platt`: (a, b) of its calibration (log-odds -> a*z + b),
+    fitted on pairs it was not trained on; `k`: candidates per turn; `rule`: resample (by D/(1-D)) or argmax."""
+
+    FILE = "guide.json"
+
+    def __init__(self, disc, platt: tuple[float, float] = (1.0, 0.0), k: int = 4, rule: str = "resample",
+                 report: dict | None = None):
+        if k < 1 or rule not in RULES:
+            raise ValueError(f"guidance needs k >= 1 and a rule in {RULES}, got k={k}, rule={rule!r}")
+        self.disc, self.platt, self.k, self.rule, self.report = disc, tuple(platt), int(k), rule, report or {}
+
+    def logodds(self, items) -> np.ndarray:
+        """Calibrated log-odds of "real" [n] (an empty turn is scored as '...', as the meter does)."""
+        from conversations import TurnRecord
+
+        safe = [it if it.user_turn.strip() else TurnRecord(id=it.id, context=it.context, user_turn="...") for it in items]
+        a, b = self.platt
+        return a * np.asarray(self.disc.score(safe), dtype=np.float64) + b
+
+    def pick(self, candidates: list[list], rng: np.random.Generator) -> np.ndarray:
+        """Index of the kept candidate of each group [n] (every group has the same size)."""
+        n, k = len(candidates), len(candidates[0])
+        z = self.logodds([c for cs in candidates for c in cs]).reshape(n, k)
+        return choose(z, self.rule, rng)
+
+    def save(self, directory) -> None:
+        from pathlib import Path
+        import json
+
+        d = Path(directory)
+        self.disc.save(d / "discriminator")
+        members = [m for m, w in zip(("neural", "classical"), self.disc.weights) if w > 0]
+        (d / self.FILE).write_text(json.dumps({"k": self.k, "rule": self.rule, "platt": list(self.platt),
+                                               "members": members, "weights": list(self.disc.weights),
+                                               "pool_size": self.disc.pool_size, "seed": self.disc.seed,
+                                               "report": self.report}, indent=2))
+
+    @classmethod
+    def load(cls, directory, k: int | None = None) -> "Guide":
+        """The guide saved in `directory`; `k` overrides the saved candidate count."""
+        import json
+        from pathlib import Path
+
+        from adversary.discriminator import Discriminator
+
+        d = Path(directory)
+        doc = json.loads((d / cls.FILE).read_text())
+        neural = None
+        if "neural" in doc["members"]:
+            from discriminator.neural import NeuralDetector
+
+            neural = NeuralDetector.load(d / "discriminator" / "neural")
+        disc = Discriminator(neural, classical="classical" in doc["members"], weights=tuple(doc["weights"]),
+                             pool_size=doc["pool_size"], seed=doc["seed"]).load(d / "discriminator")
+        return cls(disc, tuple(doc["platt"]), k if k is not None else doc["k"], doc["rule"], doc.get("report"))
+
+
+GUIDE_DIR = "guide"  # inside an export: the guide's files, hashed with the rest
+
+
+def export_guided(model_dir: str, guided_dir: str, out: str, k: int = 4, rule: str = "resample") -> str:
+    """A frozen export of `model_dir` that carries the calibrated discriminator of a go/no-go run (`python -m
+    adversary.guided`, its OUT/disc or OUT/disc_<tag>) as its guide, K candidates a turn by default; the manifest
+    records the sampling settings the run measured with, the guidance and what the run measured."""
+    import json
+    from pathlib import Path
+
+    from adversary.discriminator import Discriminator
+    from adversary.export import export_frozen
+    from generator.model import load_generator
+
+    gdir = Path(guided_dir)
+    cal = json.loads((gdir / "calibration.json").read_text())
+    run = gdir.parent
+    temp = json.loads((run / "temperature.json").read_text())
+    result = run / (f"guided_{gdir.name[len('disc_'):]}.json" if gdir.name.startswith("disc_") else "guided.json")
+    cfg = json.loads(result.read_text()).get("config", {}) if result.exists() else {}
+    neural = None
+    if "neural" in cal["members"]:
+        from discriminator.neural import NeuralDetector
+
+        neural = NeuralDetector.load(gdir / "neural")
+    ens = json.loads((gdir / "ensemble.json").read_text())
+    disc = Discriminator(neural, classical="classical" in cal["members"], weights=tuple(ens["weights"]),
+                         pool_size=ens["pool_size"], seed=ens["seed"]).load(gdir)
+    guide = Guide(disc, (cal["platt"]["a"], cal["platt"]["b"]), k, rule, report=cal)
+    adv = cfg.get("adversary", {})
+    sampling = {"max_new_tokens": adv.get("heldout_max_new_tokens", 96), "temperature": temp["temperature"],
+                "top_p": adv.get("sim_top_p", 0.95), "top_k": 0, "min_new_tokens": 1,
+                "max_prompt_tokens": adv.get("max_context_tokens", 128)}
+    model, tok = load_generator(model_dir)
+    manifest = {"base_model": adv.get("model"), "warm_start": model_dir, "sampling": sampling,
+                "guidance": {"k": k, "rule": rule, "dir": GUIDE_DIR, "members": cal["members"],
+                             "calibration": cal["heldback"], "source": str(gdir)},
+                "objective": "guided decoding (adversary.guided)"}
+    from generator.prompts import PROMPT_FORMAT_VERSION
+
+    manifest["prompt_format_version"] = PROMPT_FORMAT_VERSION
+    export_frozen(model, tok, out, manifest, extra=lambda folder: guide.save(Path(folder) / GUIDE_DIR))
+    return out
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m adversary.guidance", description="Write a guided export.")
+    p.add_argument("--model", required=True, help="the simulator's weights (e.g. runs/guided/warmstart/merged)")
+    p.add_argument("--guided", required=True, help="a go/no-go run's discriminator folder (runs/guided/disc)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--rule", default="resample", choices=RULES)
+    a = p.parse_args(argv)
+    print(export_guided(a.model, a.guided, a.out, a.k, a.rule))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -52,6 +52,11 @@ class GuidedConfig:
         "help": "Fresh detectors of the scoring (embed: frozen MiniLM + a logistic head)."})
     guided_folds: int = field(default=5, metadata={"help": "Cross-fitting folds of the scoring."})
     n_boot: int = field(default=1000, metadata={"help": "Bootstrap resamples of the paired differences."})
+    share_pool: bool = field(default=False, metadata={
+        "help": "One pool of K_max candidates (the first seed's) for every seed, each seed reading its own window of "
+                "it: K=1 and small K on disjoint candidates (fresh samples), K=K_max on the same ones with a fresh "
+                "resampling draw. A third of the sampling cost (a K_max=16 pool of 1,200 contexts took ~30 min here); "
+                "false: a fresh pool per seed."})
     disc_tag: str = field(default="", metadata={
         "help": "Name of this discriminator variant: its fit goes to OUT/disc_<tag> and its results to "
                 "OUT/guided_<tag>.json, so variants share the warm start and the candidate pools (empty: OUT/disc, "
@@ -96,6 +101,14 @@ def pooled_difference(correct_a: list[np.ndarray], correct_b: list[np.ndarray], 
         tb = np.abs(100.0 * (w @ cb.T.astype(np.float64)) / tot[:, None] - 50.0).max(1)
         out += ta - tb
     return out / len(correct_a)
+
+
+def candidate_window(i: int, n_seeds: int, k: int, k_max: int) -> range:
+    """The candidates seed i reads at K=k from a shared pool of k_max: windows spread evenly over the pool, so that
+    with 3 seeds K=1 reads candidates 0 / 8 / 15 and K=4 reads 0-3 / 6-9 / 12-15 of 16 (disjoint), K=8 halves that
+    overlap, and K=k_max the whole pool."""
+    start = 0 if n_seeds < 2 else round(i * (k_max - k) / (n_seeds - 1))
+    return range(start, start + k)
 
 
 def _load_or_fit_discriminator(cfg, args, guided, data, engine, settings, out: Path):
@@ -220,21 +233,25 @@ def main(argv=None) -> int:
     correct: dict[str, list[np.ndarray]] = {c: [] for c in conditions}
     ctx_idx: dict[str, list[np.ndarray]] = {c: [] for c in conditions}
     pool_seconds = {}
-    for seed in guided.guided_seeds:
-        pool, pool_doc = _pool(engine, data, settings, k_max, seed, out)
-        pool_seconds[str(seed)] = pool_doc["seconds"]
-        print(f"seed {seed}: {len(pool)} x {k_max} candidates in {pool_doc['seconds']:.0f}s", flush=True)
-        flat = [c for cs in pool for c in cs]
-        z = scaler(disc.score([c if c.user_turn.strip() else type(c)(id=c.id, context=c.context, user_turn="...")
-                               for c in flat])).reshape(len(pool), k_max)  # (n_ctx, K_max) calibrated log-odds
+    pool = z = None
+    for si, seed in enumerate(guided.guided_seeds):
+        if pool is None or not guided.share_pool:
+            pool_seed = guided.guided_seeds[0] if guided.share_pool else seed
+            pool, pool_doc = _pool(engine, data, settings, k_max, pool_seed, out)
+            pool_seconds[str(pool_seed)] = pool_doc["seconds"]
+            print(f"seed {pool_seed}: {len(pool)} x {k_max} candidates in {pool_doc['seconds']:.0f}s", flush=True)
+            flat = [c for cs in pool for c in cs]
+            z = scaler(disc.score([c if c.user_turn.strip() else type(c)(id=c.id, context=c.context, user_turn="...")
+                                   for c in flat])).reshape(len(pool), k_max)  # (n_ctx, K_max) calibrated log-odds
         rng = np.random.default_rng(seed)
         for cond in conditions:
+            k = 1 if cond == "K1" else int(cond.rsplit("_K", 1)[1])
+            window = np.asarray(candidate_window(si, len(guided.guided_seeds), k, k_max) if guided.share_pool
+                                else range(k))
             if cond == "K1":
-                pick = np.zeros(len(pool), dtype=np.int64)
-                k = 1
+                pick = np.full(len(pool), window[0], dtype=np.int64)
             else:
-                rule, k = cond.rsplit("_K", 1)[0], int(cond.rsplit("_K", 1)[1])
-                pick = choose(z[:, :k], rule, rng)
+                pick = window[choose(z[:, window], cond.rsplit("_K", 1)[0], rng)]
             chosen = [pool[i][j] for i, j in enumerate(pick)]
             rep = measure_td(real, chosen, detectors=tuple(guided.guided_detectors), folds=guided.guided_folds,
                              seed=args.seed, n_boot=200, return_scores=True)
@@ -247,7 +264,7 @@ def main(argv=None) -> int:
                    "detectors": {d: {kk: v[kk] for kk in ("td", "auc", "log_loss", "accuracy")}
                                  for d, v in rep["detectors"].items()},
                    "disc_logodds_kept": float(np.mean(z[np.arange(len(pool)), pick])),
-                   "ess": float(np.mean(effective_sample_size(z[:, :k]))),
+                   "ess": float(np.mean(effective_sample_size(z[:, window]))), "candidates": [int(window[0]), int(window[-1])],
                    "diagnostics": jsonable(realism_diagnostics(chosen, real))}
             per_seed[cond].append(row)
             each = ", ".join(f"{d} {v['td']:.1f}" for d, v in row["detectors"].items())

@@ -5,8 +5,11 @@ freeze at a plateau, export the best checkpoint.
     accelerate launch adversary/train.py --config configs/smoke.yaml --output_dir runs/smoke
     accelerate launch adversary/train.py --resume_from_checkpoint latest --output_dir runs/demo
 
-Stages: 0. data → 1. SFT warm start → 2. fit discriminator → 3. adversarial GRPO with the discriminator co-trained,
-4. held-out td every `eval_steps`, 5. gate → 6. export the best checkpoint (merged weights + hashed manifest).
+Stages: 0. data → 1. SFT warm start → 2. fit discriminator → 3. the adversarial phase (`objective`: DPO rounds, what
+configs/demo.yaml selects, or GRPO) with the discriminator co-trained, 4. held-out td after every round / every
+`eval_steps` (the mean of `meter_seeds` sampling seeds), 5. gate → 6. export the best checkpoint (merged weights +
+hashed manifest). The thread count is chosen first (`conversations.threads`: a bare `accelerate launch` would leave
+one core).
 """
 
 from __future__ import annotations

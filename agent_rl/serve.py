@@ -468,6 +468,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--judge-upstream", default=None, metavar="openai:MODEL@URL",
                    help="where requests that are not user simulation go (UserRL's judge calls)")
     p.add_argument("--judge-api-key-env", default="OPENAI_API_KEY", help="environment variable of the upstream's key")
+    p.add_argument("--guidance", type=int, default=None, metavar="K",
+                   help="sample K turns a request and keep one by the export's guide (default: the K a guided export "
+                        "records; 1: off)")
     p.add_argument("--max-batch", type=int, default=16)
     p.add_argument("--batch-wait-ms", type=float, default=10.0)
     p.add_argument("--device", default=None)
@@ -485,6 +488,10 @@ def main(argv: list[str] | None = None) -> int:
 
     apply_threads()
     spec = a.simulator if ":" in a.simulator else f"frozen:{a.simulator}"
+    if a.guidance is not None:
+        if a.guidance < 1:
+            raise DataError(f"--guidance must be >= 1, got {a.guidance}")
+        spec += f"#guidance={a.guidance}"
     judge = upstream_client(a.judge_upstream, a.judge_api_key_env) if a.judge_upstream else None
     simulator = load_simulator(spec, None, batch_size=a.max_batch, device=a.device)
     base = getattr(simulator, "settings", DEFAULT_SETTINGS)

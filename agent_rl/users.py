@@ -9,6 +9,9 @@ Specs (`load_simulator(spec)`):
 - `openai:MODEL@BASE_URL`  an OpenAI-compatible endpoint, sent the same role-flipped messages; the API key is read
                     from an environment variable (`api_key_env`, default OPENAI_API_KEY) per request, never logged;
 - `...#persona=TEXT` after an hf: or frozen: spec gives the simulated user a persona (in its system prompt);
+- `frozen:DIR#guidance=K` samples K turns a request and keeps one by the export's guide (a calibrated discriminator,
+                    `adversary.guidance`: resampled by D/(1-D)); a guided export uses its recorded K by default, and
+                    `#guidance=1` turns it off;
 - `scripted:oracle` answers truthfully and cooperatively from the hidden task, deterministic;
 - `scripted:terse`  answers as little as it can (a bare fact to a precise question, nothing otherwise).
 A bare folder path holding simulator.json is read as `frozen:`.
@@ -94,8 +97,9 @@ class LMUser:
     measured with."""
 
     def __init__(self, engine, spec: str, settings: SamplingSettings | None = None, manifest: dict | None = None,
-                 seed: int = 0, persona: str | None = None):
+                 seed: int = 0, persona: str | None = None, guide=None):
         self.engine, self.spec, self.manifest, self.seed, self.persona = engine, spec, manifest, seed, persona
+        self.guide = guide  # adversary.guidance.Guide: K turns a request, one kept (None: one turn)
         self.settings = settings or exported_settings(manifest) or DEFAULT_SETTINGS
         self.calls = 0
         engine.model.eval().requires_grad_(False)  # a user simulator is never trained here
@@ -119,7 +123,18 @@ class LMUser:
                                  max_context_tokens=s.max_prompt_tokens) for r in requests]
         ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
         # a new seed per call, else every turn of a run would replay the same random stream
-        done = self.engine.complete(ids, s, seed=self.seed + 7919 * self.calls, cancelled=cancelled)
+        seed = self.seed + 7919 * self.calls
+        k = self.guide.k if self.guide is not None else 1
+        done = self.engine.complete(ids, s, seed=seed, cancelled=cancelled, n=k)
+        if k > 1:  # K candidates a request from one prefill; the guide keeps one of each K
+            import numpy as np
+
+            from conversations import TurnRecord
+
+            groups = [[TurnRecord(id=str(i), context=r.context, user_turn=strip_end_marker(clean_turn(c.text))[0])
+                       for c in done[i * k:(i + 1) * k]] for i, r in enumerate(requests)]
+            keep = self.guide.pick(groups, np.random.default_rng(seed))
+            done = [done[i * k + j] for i, j in enumerate(keep)]
         out = []
         for p, c in zip(ids, done):
             text, ended = strip_end_marker(clean_turn(c.text))
@@ -165,11 +180,27 @@ def exported_settings(manifest: dict | None) -> SamplingSettings | None:
     return SamplingSettings.from_dict(manifest["sampling"])
 
 
+def split_guidance(spec: str) -> tuple[str, int | None]:
+    """('frozen:DIR#persona=x', 4) from 'frozen:DIR#guidance=4#persona=x'; (spec, None) without a guidance."""
+    import re
+
+    m = re.search(r"#guidance=([^#]*)", spec)
+    if not m:
+        return spec, None
+    if not m.group(1).isdigit() or int(m.group(1)) < 1:
+        raise DataError(f"simulator '{spec}': #guidance= takes a candidate count >= 1, got '{m.group(1)}'")
+    return spec[:m.start()] + spec[m.end():], int(m.group(1))
+
+
 def check_simulator_spec(spec: str) -> None:
     """A simulator spec checked before anything loads: its kind, its model name (hf:), its export folder (frozen:),
     its URL form (openai:), its mode (scripted:). A `DataError` says what is wrong."""
     from conversations.assets import check_model_name
 
+    spec, guidance = split_guidance(spec)
+    if guidance and guidance > 1 and not spec.startswith("frozen:") and not (Path(spec.partition("#")[0]) /
+                                                                            "simulator.json").exists():
+        raise DataError(f"simulator '{spec}': #guidance= needs a frozen export that carries a guide")
     spec = spec.partition("#persona=")[0]
     kind, sep, rest = spec.partition(":")
     if not sep and Path(spec).is_dir():
@@ -202,6 +233,7 @@ def load_simulator(spec: str, settings: SamplingSettings | None = None, *, batch
     from conversations.precision import inference_dtype, resolve_precision
 
     check_simulator_spec(spec)
+    spec, guidance = split_guidance(spec)
     spec_body, _, persona = spec.partition("#persona=")
     kind, sep, rest = spec_body.partition(":")
     if not sep and Path(spec_body).is_dir() and (Path(spec_body) / "simulator.json").exists():
@@ -223,8 +255,9 @@ def load_simulator(spec: str, settings: SamplingSettings | None = None, *, batch
                 log.warning("%s was trained with prompt format %s but this code renders format %s: its replies may "
                             "degrade", rest, trained_with, PROMPT_FORMAT_VERSION)
             engine = Engine(model, tok, batch_size=batch_size, precision=precision)
-            label = f"frozen:{rest}" + (f"#persona={persona}" if persona else "")
-            return LMUser(engine, label, settings, manifest, seed=seed, persona=persona or None)
+            guide = _load_guide(rest, manifest, guidance)
+            label = f"frozen:{rest}" + (f"#guidance={guide.k}" if guide else "") + (f"#persona={persona}" if persona else "")
+            return LMUser(engine, label, settings, manifest, seed=seed, persona=persona or None, guide=guide)
         from generator.model import load_generator
 
         if not rest:
@@ -243,8 +276,25 @@ def load_simulator(spec: str, settings: SamplingSettings | None = None, *, batch
     )
 
 
+def _load_guide(export: str, manifest: dict, guidance: int | None):
+    """The export's guide at `guidance` candidates (None: the K it records), or None for K=1 / no guide."""
+    recorded = (manifest.get("guidance") or {}).get("k")
+    k = guidance if guidance is not None else recorded
+    if not k or k <= 1:
+        return None
+    from adversary.guidance import GUIDE_DIR, Guide
+
+    if not (Path(export) / GUIDE_DIR / Guide.FILE).exists():
+        raise DataError(f"{export} carries no guide ({GUIDE_DIR}/{Guide.FILE}); write one with python -m "
+                        "adversary.guidance, or drop #guidance=")
+    return Guide.load(Path(export) / GUIDE_DIR, k=k)
+
+
 def short_label(spec: str) -> str:
     """A readable name for tables: frozen:/long/path/sim-3 -> frozen:sim-3, openai:m@url -> openai:m."""
+    spec, guidance = split_guidance(spec)
+    if guidance:
+        return f"{short_label(spec)}+guided{guidance}"
     spec, _, persona = spec.partition("#persona=")
     if persona:
         return f"{short_label(spec)}+persona"

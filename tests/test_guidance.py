@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from adversary.guidance import choose, effective_sample_size
-from adversary.guided import GuidedConfig, pooled_difference, split_by_conversation
+from adversary.guided import GuidedConfig, candidate_window, pooled_difference, split_by_conversation
 from adversary.heldout import mean_rows
 from conversations import TurnRecord
 from conversations.config import ConfigError
@@ -80,3 +80,87 @@ def test_guided_config_checks():
         GuidedConfig(ks=[4, 8])
     with pytest.raises(ConfigError, match="rules"):
         GuidedConfig(rules=["mode"])
+
+
+def test_candidate_windows_of_a_shared_pool():
+    assert [list(candidate_window(i, 3, 1, 16)) for i in range(3)] == [[0], [8], [15]]
+    assert [list(candidate_window(i, 3, 4, 16)) for i in range(3)] == [[0, 1, 2, 3], [6, 7, 8, 9], [12, 13, 14, 15]]
+    assert [candidate_window(i, 3, 8, 16)[0] for i in range(3)] == [0, 4, 8]
+    assert all(list(candidate_window(i, 3, 16, 16)) == list(range(16)) for i in range(3))
+    assert list(candidate_window(0, 1, 4, 16)) == [0, 1, 2, 3]
+
+
+def _fitted_guide(k=3):
+    from adversary.discriminator import Discriminator
+    from adversary.guidance import Guide
+
+    ctx = [{"role": "assistant", "content": "How can I help?"}]
+    real = [TurnRecord(id=f"r{i}", context=ctx, user_turn=t) for i, t in enumerate(
+        ["fix my code pls", "why does it crash", "make it shorter", "ok and in python?", "no, the other one",
+         "thx. more examples", "wrong answer", "explain like im 5"] * 3)]
+    sim = [TurnRecord(id=f"s{i}", context=ctx, user_turn=t) for i, t in enumerate(
+        ["Certainly! I would be delighted to assist you with that request.", "Thank you so much for your help!",
+         "Could you please elaborate further on the aforementioned topic?", "I appreciate your detailed response.",
+         "Please provide a comprehensive overview.", "That is very helpful, thank you kindly.",
+         "I would like to know more about this.", "Would you be so kind as to explain?"] * 3)]
+    disc = Discriminator(None, classical=True, weights=(0.0, 1.0), seed=0).fit(real + sim, [1] * 24 + [0] * 24)
+    return Guide(disc, (1.0, 0.0), k=k)
+
+
+def test_guide_picks_the_real_looking_candidate_and_round_trips(tmp_path):
+    from adversary.guidance import Guide
+
+    guide = _fitted_guide()
+    ctx = [{"role": "assistant", "content": "How can I help?"}]
+    groups = [[TurnRecord(id="a", context=ctx, user_turn=t) for t in
+               ("Certainly! Thank you so much for your kind help.", "fix it pls", "I appreciate it, thank you kindly.")]]
+    z = guide.logodds(groups[0])
+    assert z[1] > max(z[0], z[2])  # the terse turn looks real, the polite ones do not
+    argmax = Guide(guide.disc, guide.platt, 3, "argmax")
+    assert argmax.pick(groups, np.random.default_rng(0)).tolist() == [1]
+    guide.save(tmp_path / "g")
+    back = Guide.load(tmp_path / "g", k=5)
+    assert back.k == 5 and back.rule == "resample"
+    items = groups[0]
+    assert np.allclose(back.logodds(items), guide.logodds(items))
+
+
+def test_a_guided_export_is_hashed_and_load_simulator_uses_its_guide(tmp_path, tiny_lm_path):
+    from adversary.export import export_frozen, verify_export
+    from adversary.guidance import GUIDE_DIR
+    from agent_rl.gyms import UserRequest
+    from agent_rl.users import load_simulator
+    from generator.model import load_generator
+
+    guide = _fitted_guide(k=3)
+    model, tok = load_generator(tiny_lm_path)
+    out = tmp_path / "frozen"
+    sampling = {"max_new_tokens": 6, "temperature": 1.0, "top_p": 0.95, "top_k": 0, "min_new_tokens": 1,
+                "max_prompt_tokens": 64}
+    export_frozen(model, tok, out, {"sampling": sampling, "guidance": {"k": 3, "rule": "resample", "dir": GUIDE_DIR}},
+                  extra=lambda d: guide.save(d / GUIDE_DIR))
+    assert verify_export(out) == []
+    assert any(name.startswith(f"{GUIDE_DIR}/") for name in __import__("json").loads(
+        (out / "simulator.json").read_text())["files"])
+    sim = load_simulator(f"frozen:{out}", dtype="fp32")
+    assert sim.guide is not None and sim.guide.k == 3 and sim.spec.endswith("#guidance=3")
+    reqs = [UserRequest(context=[{"role": "assistant", "content": "What do you need?"}], goal="book a table",
+                        gym="travel", task=None)] * 2
+    assert len(sim.reply(reqs)) == 2
+    assert load_simulator(f"frozen:{out}#guidance=1", dtype="fp32").guide is None
+    assert load_simulator(f"frozen:{out}#guidance=5", dtype="fp32").guide.k == 5
+    (out / GUIDE_DIR / "guide.json").chmod(0o644)
+    (out / GUIDE_DIR / "guide.json").write_text("{}")
+    with pytest.raises(Exception, match="modified"):
+        load_simulator(f"frozen:{out}", dtype="fp32")
+
+
+def test_guidance_on_a_model_without_a_guide_is_refused(tiny_lm_path):
+    from agent_rl.users import check_simulator_spec, split_guidance
+    from conversations import DataError
+
+    assert split_guidance("frozen:d#guidance=4#persona=x") == ("frozen:d#persona=x", 4)
+    with pytest.raises(DataError, match="frozen export that carries a guide"):
+        check_simulator_spec(f"hf:{tiny_lm_path}#guidance=4")
+    with pytest.raises(DataError, match="candidate count"):
+        split_guidance("frozen:d#guidance=zero")
