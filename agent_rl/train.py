@@ -236,8 +236,11 @@ def _step_seconds_callback():
             self.last = time.perf_counter() - self.t0
 
         def on_log(self, args, state, control, logs=None, **kw):
-            if logs is not None and self.last is not None:
-                logs["agent/step_seconds"] = round(self.last, 2)
+            # the trainer has already appended a copy of `logs` to the history: the figure goes into both
+            if self.last is not None:
+                for d in (logs, state.log_history[-1] if state.log_history else None):
+                    if d is not None:
+                        d["agent/step_seconds"] = round(self.last, 2)
 
     return StepSeconds()
 

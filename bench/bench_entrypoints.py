@@ -14,6 +14,8 @@ Parts:
   against `scripted:oracle`, with the rollouts on the merged inference copy (the default) and on the unmerged LoRA
   model (`--rollout_merge false`, the path before); seconds a step after the first. Target: the default >= 2x faster
   than the 38-49 s a step measured before.
+- `guidance`: a guided export (`python -m adversary.guidance`, runs/guided/frozen) answering 128 requests with
+  guidance off (K=1) and on (its K): seconds per turn, and their ratio.
 - `main_job`: `accelerate launch adversary/train.py` exactly (bare: no --cpu, no config file, no thread count) against
   `make demo`'s `accelerate launch --config_file configs/accelerate/cpu.yaml --num_cpu_threads_per_process $(nproc)
   adversary/train.py`, each from scratch; stage seconds from each run's summary.json. Target: within 10%.
@@ -105,6 +107,31 @@ def part_agent(tmp: Path, steps: int = 3) -> dict:
     return res
 
 
+def part_guidance(tmp: Path, export: str = "runs/guided/frozen", n: int = 128) -> dict:
+    """The cost of a guided turn: `load_simulator(export)` answering the same requests with K=1 (guidance off) and
+    with the export's K, seconds per turn (one call for the whole batch, as a lock-step rollout makes)."""
+    from agent_rl.gyms import UserRequest
+    from agent_rl.users import load_simulator
+    from generator.data import load_turns, sample_records
+
+    if not (ROOT / export / "guide").is_dir():
+        raise RuntimeError(f"no guided export at {export}: python -m adversary.guidance --model "
+                           "runs/guided/warmstart/merged --guided runs/guided/disc --out runs/guided/frozen")
+    recs = sample_records(load_turns("sharegpt", "test", max_context_messages=2, max_turn_chars=300), n, seed=7)
+    reqs = [UserRequest(context=[{**m, "role": {"user": "assistant", "assistant": "user"}.get(m["role"], m["role"])}
+                                 for m in rec.context] + [{"role": "assistant", "content": "What do you need?"}],
+                        goal="", gym="serve", task=None) for rec in recs]
+    out = {}
+    for label, spec in (("k1", f"frozen:{ROOT / export}#guidance=1"), ("guided", f"frozen:{ROOT / export}")):
+        sim = load_simulator(spec, batch_size=128)
+        sim.reply(reqs[:8])  # warm-up
+        t0 = time.time()
+        sim.reply(reqs)
+        out[label] = {"seconds_per_turn": r((time.time() - t0) / n, 4), "k": sim.guide.k if sim.guide else 1}
+    out["cost_ratio"] = r(out["guided"]["seconds_per_turn"] / out["k1"]["seconds_per_turn"], 2)
+    return out
+
+
 def _main_job(tmp: Path, label: str, launch: list[str]) -> dict:
     outdir = tmp / f"main_{label}"
     t0 = time.time()
@@ -131,11 +158,11 @@ def part_main_job(tmp: Path) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--parts", nargs="+", default=None, choices=["simulate", "agent", "main_job"])
+    p.add_argument("--parts", nargs="+", default=None, choices=["simulate", "agent", "guidance", "main_job"])
     p.add_argument("--main-job", action="store_true", help="include the main-job pair (~20 min)")
     p.add_argument("--agent-steps", type=int, default=3)
     a = p.parse_args(argv)
-    parts = a.parts or (["simulate", "agent"] + (["main_job"] if a.main_job else []))
+    parts = a.parts or (["simulate", "agent", "guidance"] + (["main_job"] if a.main_job else []))
     out = {"bench": "entrypoints"}
     with tempfile.TemporaryDirectory(prefix="bench_entry_") as d:
         tmp = Path(d)
@@ -143,7 +170,7 @@ def main(argv=None) -> int:
             log(f"== {part}")
             t0 = time.time()
             out[part] = {"simulate": part_simulate, "agent": lambda t: part_agent(t, a.agent_steps),
-                         "main_job": part_main_job}[part](tmp)
+                         "guidance": part_guidance, "main_job": part_main_job}[part](tmp)
             out[part]["bench_seconds"] = r(time.time() - t0, 1)
             log(json.dumps(out[part]))
     emit(out)
