@@ -121,14 +121,17 @@ def parse(argv):
     p.add_argument("--simulators", nargs="+", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--data", default="sharegpt")
-    p.add_argument("--turn_contexts", type=int, default=256)
+    # a td reading rises with the contexts it is read on (the detectors train on them: 14.2 at 200, 18.8 at 600, 21.3
+    # at 1,200 for one simulator, bench/bench_td_contexts.py): the study's 600 by default, so the two can be set side
+    # by side, and the table says how many
+    p.add_argument("--turn_contexts", type=int, default=600)
     p.add_argument("--conversations", type=int, default=128)
     p.add_argument("--max_turns", type=int, default=3)
     p.add_argument("--assistant", default="replay", help="replay (the real replies) or hf:MODEL")
     p.add_argument("--detectors", nargs="+", default=["classical", "style"])
     p.add_argument("--folds", type=int, default=5)
     p.add_argument("--max_new_tokens", type=int, default=96)
-    p.add_argument("--max_prompt_tokens", type=int, default=256)
+    p.add_argument("--max_prompt_tokens", type=int, default=128)  # the main job's and the study's prompt budget
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--judge", default=None, help="openai:MODEL@URL or hf:MODEL: the single-conversation judge too")
     p.add_argument("--batch_size", type=int, default=64)
@@ -179,7 +182,8 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| simulator | turn td (95% CI) | conversation td (95% CI) | termination F1 | ends / real | turns / real "
+    n = rows[0]["turn"].get("contexts") if rows else None
+    head = (f"| simulator | turn td (95% CI){f', {n} contexts' if n else ''} | conversation td (95% CI) | termination F1 | ends / real | turns / real "
             "| length ratio | assistant-like | repetition |" + (" judge td |" if rows and "judge" in rows[0] else ""))
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
@@ -246,7 +250,7 @@ def main(argv=None) -> int:
                                                                            meta=s.meta) for s in sims],
                          detectors=tuple(a.detectors), folds=a.folds, seed=a.seed)
         diag = realism_diagnostics(sims, real_turns)
-        turn = {"td": rep["td"], "td_ci95": rep["td_ci95"], "auc": rep["auc"], "detectors":
+        turn = {"td": rep["td"], "td_ci95": rep["td_ci95"], "auc": rep["auc"], "contexts": len(real_turns), "detectors":
                 {k: v["td"] for k, v in rep["detectors"].items()}, "len_ratio_median": diag["len_ratio_median"],
                 "end_rate": diag["end_rate"], "real_end_rate": diag["real_end_rate"],
                 "truncated_rate": diag["truncated_rate"], "end_precision": diag["end_precision"],
