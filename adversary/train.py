@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     cfg, args = parse_args(argv)
     from conversations.threads import apply_threads
 
-    threads = apply_threads()  # before any model: accelerate's bare launcher would leave one core of the machine
+    threads = apply_threads(announce=True)  # before any model: accelerate's bare launcher would leave one core of the machine
     from generator.model import check_vllm
 
     check_vllm(args.use_vllm)  # before any model loads: one line, not TRL's ImportError from inside the trainer

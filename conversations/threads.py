@@ -30,6 +30,7 @@ class ThreadChoice:
     threads: int  # intra-op threads this process uses
     source: str  # "ours" (MIMESIS_THREADS), "user" (kept), "chosen" (physical cores), "gpu" (left alone)
     reason: str  # one line for the log
+    overrode: bool = False  # True: the launcher's default was replaced (worth a line even where stderr is terse)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -104,15 +105,16 @@ def choose_threads(environ=None, launcher: dict | None | str = "detect", cores: 
             return ThreadChoice(max(1, int(value)), "user", f"OMP_NUM_THREADS={value} set before accelerate launch")
         return ThreadChoice(physical, "chosen", f"accelerate launch set OMP_NUM_THREADS={omp} by default; using the "
                             f"{physical} physical core(s) available to this process (set OMP_NUM_THREADS or "
-                            f"--num_cpu_threads_per_process to choose)")
+                            f"--num_cpu_threads_per_process to choose)", overrode=omp != str(physical))
     if omp:
         return ThreadChoice(max(1, int(omp)), "user", f"OMP_NUM_THREADS={omp}")
     return ThreadChoice(physical, "chosen", f"the {physical} physical core(s) available to this process")
 
 
-def apply_threads(on_gpu: bool | None = None, quiet: bool = False) -> ThreadChoice:
-    """Choose and set torch's intra-op threads (and OMP_NUM_THREADS for child processes); print the choice once.
-    Call it first in every entry point that trains or generates."""
+def apply_threads(on_gpu: bool | None = None, announce: bool | None = None) -> ThreadChoice:
+    """Choose and set torch's intra-op threads (and OMP_NUM_THREADS for child processes). Call it first in every
+    entry point that trains or generates. The choice is printed on stderr when the launcher's default was replaced
+    (`announce` None), always (True) or never (False): a CLI whose error must stay one line prints nothing else."""
     import torch
 
     if on_gpu is None:
@@ -121,7 +123,7 @@ def apply_threads(on_gpu: bool | None = None, quiet: bool = False) -> ThreadChoi
     if choice.source != "gpu":
         torch.set_num_threads(choice.threads)
         os.environ["OMP_NUM_THREADS"] = str(choice.threads)
-    if not quiet and int(os.environ.get("RANK", "0") or 0) == 0:
+    if (choice.overrode if announce is None else announce) and int(os.environ.get("RANK", "0") or 0) == 0:
         import sys
 
         print(f"threads: {choice.threads} ({choice.reason})", file=sys.stderr, flush=True)  # stdout may be JSON

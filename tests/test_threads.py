@@ -11,7 +11,8 @@ def launcher(argv=("accelerate", "launch", "train.py"), env=None):
 
 def test_the_launchers_default_one_is_replaced_by_the_physical_cores():
     c = choose_threads(ACCEL, launcher(), cores=8)
-    assert (c.threads, c.source) == (8, "chosen") and "OMP_NUM_THREADS=1 by default" in c.reason
+    assert (c.threads, c.source, c.overrode) == (8, "chosen", True) and "OMP_NUM_THREADS=1 by default" in c.reason
+    assert not choose_threads({}, None, cores=8).overrode
 
 
 def test_an_explicit_value_given_to_the_launcher_is_kept():
@@ -67,7 +68,7 @@ def test_a_bare_accelerate_launch_child_gets_the_cores_and_an_explicit_one_is_ke
         "import json, sys\n"
         f"sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})\n"
         "import torch\nfrom conversations.threads import apply_threads\n"
-        "c = apply_threads(on_gpu=False)\n"
+        "c = apply_threads(on_gpu=False, announce=False)\n"
         "print(json.dumps({'torch': torch.get_num_threads(), **c.to_dict()}))\n")
     accelerate = [sys.executable, "-m", "accelerate.commands.launch"]
     env = {k: v for k, v in __import__("os").environ.items() if k != "OMP_NUM_THREADS" and not k.startswith("ACCELERATE")}
