@@ -165,6 +165,9 @@ def parse_config(dataclass_types, argv: list[str] | None = None, prog: str | Non
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = TrlParser(dataclass_types, prog=prog)
+    for action in parser._actions:  # argparse formats help with %: a "15-20% more" in a field's help broke --help
+        if action.help and "%" in action.help and "%(" not in action.help:
+            action.help = action.help.replace("%", "%%")
     if defaults:
         parser.set_defaults(**defaults)
     if "use_cpu" in _field_types(dataclass_types):

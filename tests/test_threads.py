@@ -82,3 +82,4 @@ def test_a_bare_accelerate_launch_child_gets_the_cores_and_an_explicit_one_is_ke
     assert bare["source"] == "chosen" and bare["torch"] == bare["threads"] == physical_cores()
     kept = run("--num_cpu_threads_per_process", "1")
     assert kept["source"] == "user" and kept["torch"] == kept["threads"] == 1
+
