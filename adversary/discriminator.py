@@ -126,8 +126,25 @@ class Discriminator:
         d = Path(directory)
         if self.neural is not None:
             self.neural.load(d / "neural")
-        doc = json.loads((d / "ensemble.json").read_text())
+        self._restore_pool(json.loads((d / "ensemble.json").read_text()))
+        return self
+
+    def _restore_pool(self, doc: dict) -> None:
         self.pool = deque(((TurnRecord.from_dict(p["item"]), p["label"]) for p in doc["pool"]), maxlen=self.pool_size)
         if self.use_classical and self.pool:
             self._refit()
-        return self
+
+    @classmethod
+    def from_saved(cls, directory: str | Path) -> "Discriminator":
+        """A discriminator built from what `save` wrote (members, weights, pool size, seed), each file read once."""
+        d = Path(directory)
+        doc = json.loads((d / "ensemble.json").read_text())
+        neural = None
+        if doc["weights"][0] > 0:
+            from discriminator.neural import NeuralDetector
+
+            neural = NeuralDetector.load(d / "neural")
+        disc = cls(neural, classical=doc["weights"][1] > 0, weights=tuple(doc["weights"]), pool_size=doc["pool_size"],
+                   seed=doc["seed"])
+        disc._restore_pool(doc)
+        return disc

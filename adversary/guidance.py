@@ -71,11 +71,8 @@ class Guide:
         import json
 
         d = Path(directory)
-        self.disc.save(d / "discriminator")
-        members = [m for m, w in zip(("neural", "classical"), self.disc.weights) if w > 0]
+        self.disc.save(d / "discriminator")  # its members, weights and pool: Discriminator.from_saved reads them
         (d / self.FILE).write_text(json.dumps({"k": self.k, "rule": self.rule, "platt": list(self.platt),
-                                               "members": members, "weights": list(self.disc.weights),
-                                               "pool_size": self.disc.pool_size, "seed": self.disc.seed,
                                                "report": self.report}, indent=2))
 
     @classmethod
@@ -88,13 +85,7 @@ class Guide:
 
         d = Path(directory)
         doc = json.loads((d / cls.FILE).read_text())
-        neural = None
-        if "neural" in doc["members"]:
-            from discriminator.neural import NeuralDetector
-
-            neural = NeuralDetector.load(d / "discriminator" / "neural")
-        disc = Discriminator(neural, classical="classical" in doc["members"], weights=tuple(doc["weights"]),
-                             pool_size=doc["pool_size"], seed=doc["seed"]).load(d / "discriminator")
+        disc = Discriminator.from_saved(d / "discriminator")
         return cls(disc, tuple(doc["platt"]), k if k is not None else doc["k"], doc["rule"], doc.get("report"))
 
 
@@ -118,15 +109,7 @@ def export_guided(model_dir: str, guided_dir: str, out: str, k: int = 4, rule: s
     temp = json.loads((run / "temperature.json").read_text())
     result = run / (f"guided_{gdir.name[len('disc_'):]}.json" if gdir.name.startswith("disc_") else "guided.json")
     cfg = json.loads(result.read_text()).get("config", {}) if result.exists() else {}
-    neural = None
-    if "neural" in cal["members"]:
-        from discriminator.neural import NeuralDetector
-
-        neural = NeuralDetector.load(gdir / "neural")
-    ens = json.loads((gdir / "ensemble.json").read_text())
-    disc = Discriminator(neural, classical="classical" in cal["members"], weights=tuple(ens["weights"]),
-                         pool_size=ens["pool_size"], seed=ens["seed"]).load(gdir)
-    guide = Guide(disc, (cal["platt"]["a"], cal["platt"]["b"]), k, rule, report=cal)
+    guide = Guide(Discriminator.from_saved(gdir), (cal["platt"]["a"], cal["platt"]["b"]), k, rule, report=cal)
     adv = cfg.get("adversary", {})
     sampling = {"max_new_tokens": adv.get("heldout_max_new_tokens", 96), "temperature": temp["temperature"],
                 "top_p": adv.get("sim_top_p", 0.95), "top_k": 0, "min_new_tokens": 1,

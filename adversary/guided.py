@@ -117,14 +117,16 @@ def _load_or_fit_discriminator(cfg, args, guided, data, engine, settings, out: P
     from discriminator.calibration import PlattScaler, calibration_report
     from generator.sample import simulate_records
 
-    disc = make_discriminator(cfg, args.seed)
     ddir = out / (f"disc_{guided.disc_tag}" if guided.disc_tag else "disc")
     if (ddir / "calibration.json").exists():
+        from adversary.discriminator import Discriminator
+
         doc = json.loads((ddir / "calibration.json").read_text())
-        disc.load(ddir)
+        disc = Discriminator.from_saved(ddir)
         scaler = PlattScaler()
         scaler.a, scaler.b = doc["platt"]["a"], doc["platt"]["b"]
         return disc, scaler, doc
+    disc = make_discriminator(cfg, args.seed)
     t0 = time.time()
     fit_ctx, cal_ctx = split_by_conversation(data.disc_fit, guided.calib_fraction)
     sims = simulate_records(engine, data.disc_fit, settings, seed=args.seed + 2)
