@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from conversations.config import ConfigError
 
 DETECTORS = ("classical", "style", "neural", "embed")
-OBJECTIVES = ("grpo", "dpo_rounds")
 # every numeric field's natural range (conversations.config.check_ranges: one message naming the key)
 RANGES = {
     "max_context_messages": ">= 1", "max_turn_chars": ">= 10", "max_context_tokens": ">= 16", "train_contexts": ">= 1",
@@ -23,7 +22,8 @@ RANGES = {
     "w_length": ">= 0", "w_copy": ">= 0", "w_assistant": ">= 0", "max_faults": ">= 0", "phase_seconds": ">= 0",
     "round_contexts": ">= 1", "round_samples": ">= 2", "round_min_margin": ">= 0", "max_rounds": ">= 0",
     "eval_rounds": ">= 1", "dpo_beta": "> 0", "dpo_lr": "> 0", "dpo_sft_weight": ">= 0", "dpo_batch_size": ">= 1",
-    "dpo_micro_batch": ">= 1", "heldout_contexts": ">= 20", "heldout_folds": ">= 2", "meter_seeds": ">= 1", "heldout_max_new_tokens": ">= 1",
+    "dpo_micro_batch": ">= 1", "spin_epochs": ">= 1", "spin_history": ">= 0",
+    "resample_candidates": ">= 2", "resample_real_share": "[0, 1]", "tailr_gamma": "[0, 1]", "heldout_contexts": ">= 20", "heldout_folds": ">= 2", "meter_seeds": ">= 1", "heldout_max_new_tokens": ">= 1",
     "sim_batch_size": ">= 1", "sim_temperature": "> 0", "sim_top_p": "(0, 1]", "gate_patience": ">= 1",
     "gate_min_delta": ">= 0", "gate_target_td": "[0, 50]", "gate_smooth": ">= 1",
 }
@@ -121,6 +121,23 @@ class AdversaryConfig:
     dpo_batch_size: int = field(default=8, metadata={"help": "dpo_rounds: pairs per optimiser step."})
     dpo_micro_batch: int = field(default=4, metadata={"help": "dpo_rounds: pairs per forward pass (the rest accumulates)."})
     dpo_checkpointing: bool = field(default=True, metadata={"help": "dpo_rounds: recompute each layer's activations in the backward pass instead of keeping them (a round of the demo's shapes peaked at 2.7 GB with it, 3.5 without, for 15-20% more DPO time in a probe; docs/benchmarks.md)."})
+    dpo_loss: str = field(default="sigmoid", metadata={
+        "help": "dpo_rounds, spin: the preference loss (TRL loss_type): sigmoid (DPO) or apo_zero (anchored: raises "
+                "the chosen turn's likelihood and lowers the rejected one's, each against the reference)."})
+    spin_epochs: int = field(default=2, metadata={
+        "help": "spin: epochs over the pairs of each iteration (SPIN trains each iteration's data for 2-3)."})
+    spin_history: int = field(default=0, metadata={
+        "help": "spin: earlier iterations whose pairs each iteration trains on beside its own (0: all of them)."})
+    resample_candidates: int = field(default=8, metadata={
+        "help": "resample_sft: turns sampled per context; one is kept with probability proportional to the "
+                "discriminator's D/(1-D) (self-normalised importance resampling, adversary.guidance)."})
+    resample_real_share: float = field(default=0.5, metadata={
+        "help": "resample_sft: share of each round's SFT examples that are real turns (the rest: resampled ones)."})
+    sft_loss: str = field(default="nll", metadata={
+        "help": "Loss of the SFT stages (warm start, the study's continued-SFT arms): nll, or tailr (TaiLr: each "
+                "token's NLL weighted by p / (tailr_gamma + (1 - tailr_gamma) p), the model's probability of it, "
+                "detached; a non-adversarial control that costs what SFT costs)."})
+    tailr_gamma: float = field(default=0.5, metadata={"help": "tailr: gamma (0 is plain NLL; 1 weights by p)."})
 
     # ---- held-out Turing distance and the gate
     heldout_contexts: int = field(default=128, metadata={"help": "Held-out test-split contexts, one simulated turn each, per evaluation."})
@@ -147,6 +164,7 @@ class AdversaryConfig:
     export_dir: str | None = field(default=None, metadata={"help": "Where the frozen simulator goes (default OUTPUT_DIR/frozen)."})
 
     def __post_init__(self):
+        from adversary.objectives import available as available_objectives
         from conversations.assets import check_model_name
         from conversations.config import check_ranges
 
@@ -159,12 +177,15 @@ class AdversaryConfig:
             (self.disc_acc_floor < self.disc_acc_ceiling, "disc_acc_floor", "disc_acc_floor must be below disc_acc_ceiling"),
             (self.warmstart_max_length > self.max_context_tokens, "warmstart_max_length",
              "warmstart_max_length must be larger than max_context_tokens (room for the turn)"),
-            (self.objective in OBJECTIVES, "objective", f"objective must be one of {', '.join(OBJECTIVES)}"),
+            (self.objective in available_objectives(), "objective",
+             f"objective must be one of {', '.join(available_objectives())} (adversary/objectives/)"),
             (self.disc_reward in ("logit", "log_d"), "disc_reward", "disc_reward must be logit or log_d"),
             (len(self.disc_weights) == 2 and min(self.disc_weights) >= 0 and max(self.disc_weights) > 0,
              "disc_weights", "disc_weights must be two weights >= 0 (neural, classical), not both 0"),
             (self.round_chosen in ("sample", "real"), "round_chosen", "round_chosen must be sample or real"),
             (self.grpo_rollout in ("engine", "trl"), "grpo_rollout", "grpo_rollout must be engine or trl"),
+            (self.dpo_loss in ("sigmoid", "apo_zero"), "dpo_loss", "dpo_loss must be sigmoid or apo_zero"),
+            (self.sft_loss in ("nll", "tailr"), "sft_loss", "sft_loss must be nll or tailr"),
             (self.dpo_batch_size % self.dpo_micro_batch == 0, "dpo_batch_size",
              "dpo_batch_size must be a multiple of dpo_micro_batch"),
         ]

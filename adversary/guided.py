@@ -91,16 +91,11 @@ def split_by_conversation(records, fraction: float) -> tuple[list, list]:
 
 def pooled_difference(correct_a: list[np.ndarray], correct_b: list[np.ndarray], ctx: list[np.ndarray],
                       counts: np.ndarray) -> np.ndarray:
-    """Bootstrap distribution [B] of mean over seeds of (panel td of a - panel td of b). correct_*[s]: (D, n)
-    booleans of seed s; ctx[s]: (n,) context index of each item; counts: (B, n_ctx) context resample counts."""
-    out = np.zeros(len(counts))
-    for ca, cb, c in zip(correct_a, correct_b, ctx):
-        w = counts[:, c].astype(np.float64)  # (B, n)
-        tot = w.sum(1)
-        ta = np.abs(100.0 * (w @ ca.T.astype(np.float64)) / tot[:, None] - 50.0).max(1)  # (B,)
-        tb = np.abs(100.0 * (w @ cb.T.astype(np.float64)) / tot[:, None] - 50.0).max(1)
-        out += ta - tb
-    return out / len(correct_a)
+    """Bootstrap distribution [B] of mean over seeds of (panel td of a - panel td of b), both read on the same
+    items (`discriminator.turing.pooled_panel_td`)."""
+    from discriminator.turing import pooled_panel_td
+
+    return pooled_panel_td(correct_a, ctx, counts) - pooled_panel_td(correct_b, ctx, counts)
 
 
 def candidate_window(i: int, n_seeds: int, k: int, k_max: int) -> range:

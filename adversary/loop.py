@@ -13,8 +13,7 @@ from transformers import TrainerCallback
 
 from adversary.cotrain import CoTrainCallback, FaultCounter
 from adversary.reward import build_rewards
-from adversary.trainer_parts import TimeBudget, save_policy
-from generator.engine import inference_model
+from adversary.trainer_parts import TimeBudget
 
 log = logging.getLogger("adversary")
 
@@ -44,41 +43,27 @@ class FaultGuard(TrainerCallback):
 
 
 class HeldoutGateCallback(TrainerCallback):
-    """GRPO's held-out td: before the first adversarial step and every `eval_steps` (`HeldoutMeter`); the gate decides
-    when to stop, and the best checkpoint is saved to OUTPUT_DIR/best."""
+    """GRPO's held-out readings, through the phase loop (`adversary.objectives.base.Phase`, which owns the meter,
+    the gate and the best checkpoint): before the first adversarial step and every `eval_steps`, the latest reward,
+    KL and co-training accuracy beside each reading."""
 
-    def __init__(self, cfg, args, meter):
-        self.cfg, self.args, self.meter = cfg, args, meter
+    def __init__(self, phase):
+        self.phase = phase
         self.trainer = None  # set after the trainer is built
-        self.out = Path(args.output_dir)
         self._stop = False
 
-    @property
-    def state(self):
-        return self.meter.state
-
     def evaluate(self, step: int) -> None:
-        acc = self.trainer.accelerator
         hist = self.trainer.state.log_history
         rewards = [h["reward"] for h in hist if "reward" in h]
         kls = [h["kl"] for h in hist if "kl" in h]
-        cot = self.state.cotrain_history
-        extra = {"disc/acc": cot[-1]["disc/acc"] if cot else None, "gen/reward": rewards[-1] if rewards else None,
-                 "gen/kl": kls[-1] if kls else None}
-        generation = inference_model(self.trainer.model_wrapped, acc, precision=self.cfg.dtype,
-                                     merge_lora=self.cfg.heldout_merge_lora, gather_zero3=self.args.ds3_gather_for_generation)
-        row, stop, is_best = self.meter.evaluate(step, generation, acc, extra)
-        if is_best:
-
-            save_policy(self.trainer, self.out / "best")
-            if acc.is_main_process:
-                (self.out / "best" / "best.json").write_text(json.dumps(row, default=str, indent=2))
+        extra = {"gen/reward": rewards[-1] if rewards else None, "gen/kl": kls[-1] if kls else None}
+        self._stop = self.phase.evaluate(step, extra, self.trainer.accelerator)
         # every rank logs: Trainer.log runs collectives, and a main-only call would put the ranks out of step
-        self.trainer.log(curve_metrics(row))
-        self._stop = stop
+        self.trainer.log(curve_metrics(self.phase.state.rows[-1]))
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        if not self.state.rows or self.state.rows[-1]["step"] < state.global_step:
+        rows = self.phase.state.rows
+        if not rows or rows[-1]["step"] < state.global_step:
             self.evaluate(state.global_step)
             if self._stop:
                 control.should_training_stop = True
@@ -92,11 +77,10 @@ class HeldoutGateCallback(TrainerCallback):
         return control
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
-        if self.state.rows and self.state.rows[-1]["step"] < state.global_step and not self.state.gate.stopped:
+        rows = self.phase.state.rows
+        if rows and rows[-1]["step"] < state.global_step and not self.phase.state.gate.stopped:
             self.evaluate(state.global_step)
-        self.state.gate.finish(state.global_step)
-        if self.trainer.accelerator.is_main_process:
-            self.meter.write_outputs()
+        self.phase.finish(state.global_step, accelerator=self.trainer.accelerator)
         return control
 
 
@@ -210,19 +194,21 @@ def grpo_trainer(cfg, args, model, tokenizer, train_dataset, reward_funcs, callb
     return trainer
 
 
-def build_trainer(cfg, args, model, tokenizer, state, data, *, meter=None, time_budget: float = 0.0):
-    """The GRPO trainer with our callbacks. Without a `meter` (the study) the held-out td, gate and run-state
-    callbacks are left out: the generator then trains for exactly `max_steps` (or `time_budget` seconds)."""
+def build_trainer(cfg, args, model, tokenizer, state, data, *, phase=None, time_budget: float = 0.0,
+                  time_start: float | None = None):
+    """The GRPO trainer with our callbacks. Without a `phase` that has a meter (the study) the held-out td, gate and
+    run-state callbacks are left out: the generator then trains for exactly `max_steps` (or `time_budget` seconds
+    from `time_start`)."""
     reward_funcs, weights = build_rewards(cfg, state)
     args.reward_weights = weights
     cotrain = CoTrainCallback(cfg, state)
     callbacks = [FaultGuard(state.faults), cotrain]
     heldout_cb = runstate = None
-    if meter is not None:
-        heldout_cb, runstate = HeldoutGateCallback(cfg, args, meter), RunStateCallback(state)
+    if phase is not None and phase.meter is not None:
+        heldout_cb, runstate = HeldoutGateCallback(phase), RunStateCallback(state)
         callbacks += [heldout_cb, runstate]
     if time_budget:
-        callbacks.append(TimeBudget(time_budget))
+        callbacks.append(TimeBudget(time_budget, start=time_start))
     trainer = grpo_trainer(cfg, args, model, tokenizer, grpo_dataset(cfg, tokenizer, data.grpo), reward_funcs, callbacks)
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 

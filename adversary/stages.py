@@ -98,7 +98,7 @@ def warm_start_config(cfg, args, out: Path, steps: int, seed: int, lr_scheduler_
     sft_args = SFTArgs(model=cfg.model, lora_r=cfg.lora_r or 16, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                        max_context_messages=cfg.max_context_messages, max_context_tokens=cfg.max_context_tokens,
                        max_turn_chars=cfg.max_turn_chars, eval_turns=0, save_adapter=False, save_merged=True,
-                       dtype=cfg.dtype, **sft_fields)
+                       dtype=cfg.dtype, loss=cfg.sft_loss, tailr_gamma=cfg.tailr_gamma, **sft_fields)
     config = sft_config(output_dir=str(out), max_steps=steps, per_device_train_batch_size=cfg.warmstart_micro_batch,
                         gradient_accumulation_steps=cfg.warmstart_batch_size // cfg.warmstart_micro_batch,
                         learning_rate=cfg.warmstart_lr, lr_scheduler_type=lr_scheduler_type,
@@ -181,31 +181,15 @@ def fit_discriminator(cfg, disc, model, tokenizer, data: RunData, seed: int) -> 
 # ------------------------------------------------------------------------------------------ 3-5. adversarial phase
 
 
-def adversarial_phase(cfg, args, model, tokenizer, state, data, meter, resume) -> None:
-    """The phase the gate watches: TRL GRPO with the co-training callbacks (`objective: grpo`), or the DPO rounds
-    (`adversary.rounds`). A resumed run whose gate had already frozen goes straight to the export."""
-    from accelerate import PartialState
+def adversarial_phase(cfg, args, model, tokenizer, state, data, meter, resume):
+    """The phase the gate watches: the config's `objective` (adversary/objectives/: grpo, dpo_rounds, spin,
+    resample_sft, or one registered at run time) run by the phase loop, which owns the meter, the gate and the best
+    checkpoint. Returns its `PhaseResult`."""
+    from adversary.objectives import get_objective
+    from adversary.objectives.base import Phase
 
-    ps = PartialState()
-    if cfg.objective == "dpo_rounds":
-        from adversary.rounds import run_rounds
-
-        if resume is not None:
-            ps.print(f"resuming from {resume}")
-        run_rounds(cfg, args, model, tokenizer, state, data, meter, resume=resume)
-        return
-    from adversary.loop import build_trainer
-
-    if resume is not None:
-        state.load(resume)
-        ps.print(f"resuming from {resume} (step {state.step}, {len(state.rows)} evaluations)")
-    trainer = build_trainer(cfg, args, model, tokenizer, state, data, meter=meter, time_budget=cfg.phase_seconds)
-    if resume is not None and state.gate.stopped:
-        # the gate froze the generator before this checkpoint was written (or its step budget is spent): training
-        # again would run one more step past the freeze
-        ps.print(f"the gate already froze the generator ({state.gate.reason}): exporting")
-    else:
-        trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    phase = Phase(cfg, args, model, tokenizer, state, data, meter=meter, resume=resume)
+    return get_objective(cfg.objective)(phase).run()
 
 
 def check_ranks_identical(disc, ps) -> None:

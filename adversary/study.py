@@ -46,11 +46,15 @@ class StudyConfig:
         "help": "Arms: sft (continued SFT), or LABEL[:key=value,...] (the adversarial phase with those config keys "
                 "changed; e.g. dpo_real:objective=dpo_rounds,round_chosen=real)."})
     arm_seconds: float = field(default=600.0, metadata={"help": "Wall time of each arm's training, in seconds."})
-    study_contexts: int = field(default=600, metadata={"help": "Held-out (test) contexts scored per arm."})
+    study_contexts: int = field(default=1200, metadata={"help": "Held-out (test) contexts scored per arm."})
+    study_seeds: list[int] = field(default_factory=lambda: [3001, 3002, 3003], metadata={
+        "help": "Fresh sampling seeds of the final scoring (none is the meter's seed, on which the temperature is "
+                "chosen): every arm simulates the test contexts once per seed; its td is the mean over the seeds, "
+                "and the paired differences pool the seeds (one resample of contexts shared by all)."})
     val_contexts: int = field(default=300, metadata={"help": "Validation contexts for the temperature and the plateau curve."})
     temperatures: list[float] = field(default_factory=lambda: [0.8, 0.9, 1.0], metadata={
         "help": "Sampling temperatures each arm chooses from on the validation contexts."})
-    study_detectors: list[str] = field(default_factory=lambda: ["classical", "style", "neural"], metadata={
+    study_detectors: list[str] = field(default_factory=lambda: ["classical", "style", "embed"], metadata={
         "help": "The detector panel of the final scoring."})
     study_folds: int = field(default=5, metadata={"help": "Cross-fitting folds of the final scoring."})
     n_boot: int = field(default=1000, metadata={"help": "Bootstrap resamples for CIs and paired differences."})
@@ -64,6 +68,8 @@ class StudyConfig:
             raise ConfigError("arms: give at least one arm")
         for a in self.arms:
             parse_arm(a)
+        if not self.study_seeds:
+            raise ConfigError("study_seeds: give at least one seed")
         if self.study_contexts < 20 or self.val_contexts < 20:
             raise ConfigError("study_contexts and val_contexts must be >= 20")
         if self.arm_seconds <= 0:
@@ -200,8 +206,10 @@ def run_sft_arm(cfg, args, study, data, start_model: str, out: Path) -> dict:
 
 
 def run_adversarial_arm(cfg, args, study, data, start_model: str, out: Path) -> dict:
-    from adversary.loop import build_trainer
-    from adversary.rounds import run_rounds
+    """The arm's objective (adversary/objectives/) for `arm_seconds`, its discriminator's initial fit included; no
+    meter (the arm trains for its whole time), the adapter saved to OUT/model."""
+    from adversary.objectives import get_objective
+    from adversary.objectives.base import Phase
     from adversary.stages import fit_discriminator, make_discriminator
     from adversary.state import AdversaryState
     from generator.model import load_generator
@@ -212,28 +220,11 @@ def run_adversarial_arm(cfg, args, study, data, start_model: str, out: Path) -> 
     model, tok = load_generator(start_model, trust_remote_code=args.trust_remote_code)
     state = AdversaryState(cfg, make_discriminator(cfg, args.seed), max_steps=None, seed=args.seed)
     fit_discriminator(cfg, state.discriminator, model, tok, data, args.seed)
-    if cfg.objective == "dpo_rounds":
-        res = run_rounds(cfg, args, model, tok, state, data, meter=None, start_time=t0)
-        res["model"].save_pretrained(str(out / "model"))
-        tok.save_pretrained(str(out / "model"))
-        steps, curve = res["steps"], res["figures"]
-    else:
-        from adversary.trainer_parts import TimeBudget
-
-        trainer = build_trainer(cfg, args, model, tok, state, data)
-        trainer.add_callback(TimeBudget(study.arm_seconds, start=t0))
-        trainer.train()
-        trainer.save_model(str(out / "model"))
-        rounds = [(h["step"], h["disc/acc"]) for h in state.cotrain_history]
-
-        def disc_acc(step):
-            before = [a for s, a in rounds if s <= step and a == a]
-            return before[-1] if before else None
-
-        steps = trainer.state.global_step
-        curve = [{"step": h["step"], "reward": h.get("reward"), "disc_acc": disc_acc(h["step"]), "kl": h.get("kl")}
-                 for h in trainer.state.log_history if "reward" in h]
-    return {"steps": steps, "wall_seconds": time.time() - t0, "model_dir": str(out / "model"), "curve": curve,
+    phase = Phase(cfg, args, model, tok, state, data, meter=None, start_time=t0)
+    res = get_objective(cfg.objective)(phase).run()
+    res.model.save_pretrained(str(out / "model"))
+    tok.save_pretrained(str(out / "model"))
+    return {"steps": res.steps, "wall_seconds": time.time() - t0, "model_dir": str(out / "model"), "curve": res.curve,
             "cotrain": state.cotrain_history}
 
 
@@ -267,32 +258,34 @@ def _panel_td(correct: np.ndarray, weights: np.ndarray) -> float:
     return float(np.max(np.abs(acc - 50.0)))
 
 
-def paired_differences(reports: dict, real_ids: list[str], n_boot: int, seed: int) -> dict:
-    """td(arm) - td(other) for every pair of arms, with a 95% CI from resampling held-out contexts jointly."""
-    ctx_index = {rid: i for i, rid in enumerate(real_ids)}
-    correct, ctx = {}, {}
-    for arm, rep in reports.items():
-        oof = rep["oof"]
+def _correct_and_contexts(oofs, ctx_index: dict) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per seed: (D, n) booleans (detector right on item) and (n,) the item's context index."""
+    correct, ctx = [], []
+    for oof in oofs if isinstance(oofs, list) else [oofs]:
         y = np.asarray(oof["labels"])
-        correct[arm] = np.stack([(np.asarray(s) > 0) == y for s in oof["scores"].values()])  # [D, n]
-        ctx[arm] = np.asarray([ctx_index.get(i.split("@")[0], -1) for i in oof["ids"]])
-    from conversations.bootstrap import percentile_ci, resample_counts
+        correct.append(np.stack([(np.asarray(v) > 0) == y for v in oof["scores"].values()]))
+        ctx.append(np.asarray([ctx_index[i.split("@")[0]] for i in oof["ids"]]))
+    return correct, ctx
 
-    counts = resample_counts(len(real_ids), n_boot, seed)  # [B, n_ctx]: contexts drawn jointly for every arm
+
+def paired_differences(reports: dict, real_ids: list[str], n_boot: int, seed: int) -> dict:
+    """td(arm) - td(other) for every pair of arms, each td the mean over its sampling seeds, with a 95% CI from
+    resampling held-out contexts jointly (the same resample for every arm and seed). `reports[arm]`: {"td", "oof":
+    one out-of-fold record or a list of them, one per seed}."""
+    from conversations.bootstrap import percentile_ci, resample_counts
+    from discriminator.turing import pooled_panel_td
+
+    ctx_index = {rid: i for i, rid in enumerate(real_ids)}
+    counts = resample_counts(len(real_ids), n_boot, seed)  # (B, n_ctx): contexts drawn jointly for every arm
+    boot = {arm: pooled_panel_td(*_correct_and_contexts(rep["oof"], ctx_index), counts) for arm, rep in reports.items()}
     out = {}
     names = list(reports)
     for i, a in enumerate(names):
         for b in names[i + 1:]:
-            diffs = []
-            for c in counts:
-                # items of a context not in the held-out list (index -1) keep weight 1
-                wa = np.where(ctx[a] >= 0, c[ctx[a]], 1).astype(float)
-                wb = np.where(ctx[b] >= 0, c[ctx[b]], 1).astype(float)
-                diffs.append(_panel_td(correct[a], wa) - _panel_td(correct[b], wb))
-            point = reports[a]["td"] - reports[b]["td"]
+            diffs = boot[a] - boot[b]
             lo, hi = percentile_ci(diffs)
-            out[f"{a}-{b}"] = {"td_difference": point, "ci95": [float(lo), float(hi)],
-                               "share_of_resamples_a_lower": float(np.mean(np.asarray(diffs) < 0))}
+            out[f"{a}-{b}"] = {"td_difference": reports[a]["td"] - reports[b]["td"], "ci95": [float(lo), float(hi)],
+                               "share_of_resamples_a_lower": float(np.mean(diffs < 0))}
     return out
 
 
@@ -332,14 +325,74 @@ def plot_study(study: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def score_arm(arm: str, res: dict, cfg, args, study, data, out: Path) -> tuple[dict, list[dict]]:
+    """The arm's temperature chosen on validation contexts, then one turn per test context for every fresh seed of
+    `study_seeds`, each seed scored by the panel: (the arm's summary, its out-of-fold records, one per seed). Cached
+    in OUT/arms/<arm>.score.json (a rerun of an interrupted study scores only the arms not yet scored); every seed's
+    turns in OUT/arms/<arm>.jsonl (the first seed) and <arm>.seed<N>.jsonl (the others), for re-scoring."""
+    from adversary.heldout import heldout_settings, simulate_heldout
+    from conversations.loaders import write_jsonl
+    from discriminator.turing import measure_td
+    from generator.diagnostics import jsonable, realism_diagnostics
+
+    cache = out / "arms" / f"{arm}.score.json"
+    if cache.exists():
+        doc = json.loads(cache.read_text())
+        print(f"arm {arm}: reusing its scoring ({cache})", flush=True)
+        return doc["summary"], doc["oof"]
+    t0 = time.time()
+    model, tok = load_arm(res["model_dir"], cfg, args)
+    temp, val_tds = choose_temperature(model, tok, cfg, study, data, args.seed)
+    per_seed, oofs, first = [], [], None
+    for i, seed in enumerate(study.study_seeds):
+        sims = simulate_heldout(model, tok, data.heldout, cfg, seed=seed, precision=cfg.dtype,
+                                settings=heldout_settings(cfg, temp))
+        write_jsonl(out / "arms" / (f"{arm}.jsonl" if i == 0 else f"{arm}.seed{seed}.jsonl"), sims)
+        rep = measure_td(data.heldout, sims, detectors=tuple(study.study_detectors), folds=study.study_folds,
+                         seed=args.seed, n_boot=study.n_boot, return_scores=True)
+        oof = rep.pop("oof")
+        oofs.append({"labels": np.asarray(oof["labels"]).tolist(), "ids": list(oof["ids"]),
+                     "scores": {d: np.asarray(v).tolist() for d, v in oof["scores"].items()}})
+        per_seed.append({"seed": seed, "td": rep["td"], "td_ci95": rep["td_ci95"], "auc": rep["auc"],
+                         "log_loss": rep.get("log_loss"), "headline_detector": rep["headline_detector"],
+                         "detectors": {d: {k: v.get(k) for k in ("td", "td_ci95", "auc", "log_loss")}
+                                       for d, v in rep["detectors"].items()}})
+        first = first or sims
+        print(f"arm {arm} seed {seed}: td {rep['td']:.1f} (95% CI {rep['td_ci95'][0]:.1f}-{rep['td_ci95'][1]:.1f}), "
+              f"auc {rep['auc']:.3f}, headline {rep['headline_detector']}", flush=True)
+    del model
+    from conversations.bootstrap import percentile_ci, resample_counts
+    from discriminator.turing import pooled_panel_td
+
+    ctx_index = {r.id: i for i, r in enumerate(data.heldout)}
+    boot = pooled_panel_td(*_correct_and_contexts(oofs, ctx_index), resample_counts(len(data.heldout), study.n_boot,
+                                                                                     args.seed))
+    tds = [r["td"] for r in per_seed]
+    mean = lambda key: float(np.mean([r[key] for r in per_seed if r[key] is not None]))  # noqa: E731
+    summary = {
+        "td": float(np.mean(tds)), "td_ci95": list(percentile_ci(boot)),
+        "td_sd_over_seeds": float(np.std(tds, ddof=1)) if len(tds) > 1 else 0.0, "auc": mean("auc"),
+        "log_loss": mean("log_loss"),
+        "detectors": {d: {m: float(np.mean([r["detectors"][d][m] for r in per_seed])) for m in ("td", "auc")}
+                      for d in per_seed[0]["detectors"]},
+        "headline_detector": per_seed[0]["headline_detector"], "per_seed": per_seed,
+        "temperature": temp, "val_td_by_temperature": val_tds,
+        "diagnostics": jsonable(realism_diagnostics(first, data.heldout)), "steps": res["steps"],
+        "train_wall_seconds": round(res["wall_seconds"], 1), "score_wall_seconds": round(time.time() - t0, 1),
+        "overrides": res.get("overrides", {}), "curve": res["curve"], "cotrain": res.get("cotrain", []),
+    }
+    cache.write_text(json.dumps({"summary": summary, "oof": oofs}, default=float))
+    print(f"arm {arm}: td {summary['td']:.1f} (mean of {len(tds)} seeds, sd {summary['td_sd_over_seeds']:.1f}; 95% CI "
+          f"{summary['td_ci95'][0]:.1f}-{summary['td_ci95'][1]:.1f}) at T={temp}", flush=True)
+    return summary, oofs
+
+
 @friendly_errors
 def main(argv=None) -> int:
     from adversary.stages import prepare_data
     from adversary.train import quiet_libraries
     from conversations.config import to_jsonable
     from conversations.loaders import write_jsonl
-    from discriminator.turing import measure_td
-    from generator.diagnostics import jsonable, realism_diagnostics
 
     quiet_libraries()
     cfg, args, study = parse(argv)
@@ -357,57 +410,39 @@ def main(argv=None) -> int:
     for _, overrides in arms:  # every arm's keys checked now, not after the warm start
         arm_config(cfg, args, overrides)
     data = prepare_data(cfg, args.seed, val_contexts=study.val_contexts)
-    print(f"study: {len(data.heldout)} test contexts, {len(data.val)} validation contexts, arms "
-          f"{[a for a, _ in arms]}, {study.arm_seconds:.0f}s each", flush=True)
+    print(f"study: {len(data.heldout)} test contexts x {len(study.study_seeds)} seeds, {len(data.val)} validation "
+          f"contexts, arms {[a for a, _ in arms]}, {study.arm_seconds:.0f}s each", flush=True)
+    write_jsonl(out / "real.jsonl", data.heldout)
 
     start_model, plateau = plateau_warm_start(cfg, args, study, data, out)
     (out / "plateau.json").write_text(json.dumps(plateau, indent=2))
-    results = {}
-    if study.score_warmstart:
-        results["warmstart"] = {"steps": 0, "model_dir": start_model, "wall_seconds": 0.0, "curve": []}
-    for label, overrides in arms:
-        arm_cfg, arm_args = arm_config(cfg, args, overrides)
-        arm_out = out / "runs" / label
-        arm_args.output_dir = str(arm_out)
-        if (arm_out / "ARM.json").exists():  # trained by an earlier, interrupted run of the same study
-            results[label] = json.loads((arm_out / "ARM.json").read_text())
-            print(f"arm {label}: reusing {arm_out}", flush=True)
-            continue
-        print(f"arm {label}: training for {study.arm_seconds:.0f}s", flush=True)
-        run = run_sft_arm if label.startswith("sft") else run_adversarial_arm
-        results[label] = run(arm_cfg, arm_args, study, data, start_model, arm_out)
-        results[label]["overrides"] = overrides
-        (arm_out / "ARM.json").write_text(json.dumps(results[label], default=float))
-        print(f"arm {label}: {results[label]['steps']} steps in {results[label]['wall_seconds']:.0f}s", flush=True)
+    todo = [("warmstart", {})] if study.score_warmstart else []
+    summary, reports = {}, {}
+    for label, overrides in todo + arms:
+        # each arm is trained, then scored at once: an interrupted study keeps every arm it finished
+        if label == "warmstart":
+            res = {"steps": 0, "model_dir": start_model, "wall_seconds": 0.0, "curve": []}
+        else:
+            arm_cfg, arm_args = arm_config(cfg, args, overrides)
+            arm_out = out / "runs" / label
+            arm_args.output_dir = str(arm_out)
+            if (arm_out / "ARM.json").exists():  # trained by an earlier, interrupted run of the same study
+                res = json.loads((arm_out / "ARM.json").read_text())
+                print(f"arm {label}: reusing {arm_out}", flush=True)
+            else:
+                print(f"arm {label}: training for {study.arm_seconds:.0f}s", flush=True)
+                run = run_sft_arm if label.startswith("sft") else run_adversarial_arm
+                res = run(arm_cfg, arm_args, study, data, start_model, arm_out)
+                res["overrides"] = overrides
+                (arm_out / "ARM.json").write_text(json.dumps(res, default=float))
+                print(f"arm {label}: {res['steps']} steps in {res['wall_seconds']:.0f}s", flush=True)
+        summary[label], oofs = score_arm(label, res, cfg, args, study, data, out)
+        reports[label] = {"td": summary[label]["td"], "oof": oofs}
 
-    write_jsonl(out / "real.jsonl", data.heldout)
-    reports, summary = {}, {}
-    from adversary.heldout import heldout_settings, simulate_heldout
-
-    for arm, res in results.items():
-        t0 = time.time()
-        model, tok = load_arm(res["model_dir"], cfg, args)
-        temp, val_tds = choose_temperature(model, tok, cfg, study, data, args.seed)
-        sims = simulate_heldout(model, tok, data.heldout, cfg, precision=cfg.dtype, settings=heldout_settings(cfg, temp))
-        del model
-        write_jsonl(out / "arms" / f"{arm}.jsonl", sims)
-        rep = measure_td(data.heldout, sims, detectors=tuple(study.study_detectors), folds=study.study_folds,
-                         seed=args.seed, n_boot=study.n_boot, return_scores=True)
-        reports[arm] = rep
-        summary[arm] = {
-            "td": rep["td"], "td_ci95": rep["td_ci95"], "signed": rep["signed"], "auc": rep["auc"],
-            "paired_accuracy": rep["paired_accuracy"], "headline_detector": rep["headline_detector"],
-            "detectors": {k: {kk: v[kk] for kk in ("td", "td_ci95", "auc")} for k, v in rep["detectors"].items()},
-            "temperature": temp, "val_td_by_temperature": val_tds,
-            "diagnostics": jsonable(realism_diagnostics(sims, data.heldout)), "steps": res["steps"],
-            "train_wall_seconds": round(res["wall_seconds"], 1), "score_wall_seconds": round(time.time() - t0, 1),
-            "overrides": res.get("overrides", {}), "curve": res["curve"], "cotrain": res.get("cotrain", []),
-        }
-        print(f"arm {arm}: td {rep['td']:.1f} (95% CI {rep['td_ci95'][0]:.1f}-{rep['td_ci95'][1]:.1f}) at T={temp}, "
-              f"headline {rep['headline_detector']}", flush=True)
     diffs = paired_differences(reports, [r.id for r in data.heldout], study.n_boot, args.seed)
-    doc = {"n_contexts": len(data.heldout), "n_val_contexts": len(data.val), "arm_seconds": study.arm_seconds,
-           "arms": summary, "differences": diffs, "plateau": plateau, "wall_seconds": round(time.time() - t_start, 1),
+    doc = {"n_contexts": len(data.heldout), "seeds": study.study_seeds, "n_val_contexts": len(data.val),
+           "arm_seconds": study.arm_seconds, "arms": summary, "differences": diffs, "plateau": plateau,
+           "wall_seconds": round(time.time() - t_start, 1),
            "config": {"adversary": to_jsonable(cfg), "grpo": to_jsonable(args), "study": to_jsonable(study)}}
     (out / "study.json").write_text(json.dumps(doc, indent=2, default=float))
     plot_study(doc, out / "study.png")

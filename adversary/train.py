@@ -5,9 +5,9 @@ freeze at a plateau, export the best checkpoint.
     accelerate launch adversary/train.py --config configs/smoke.yaml --output_dir runs/smoke
     accelerate launch adversary/train.py --resume_from_checkpoint latest --output_dir runs/demo
 
-Stages: 0. data → 1. SFT warm start → 2. fit discriminator → 3. the adversarial phase (`objective`: DPO rounds, what
-configs/demo.yaml selects, or GRPO) with the discriminator co-trained, 4. held-out td after every round / every
-`eval_steps` (the mean of `meter_seeds` sampling seeds), 5. gate → 6. export the best checkpoint (merged weights +
+Stages: 0. data → 1. SFT warm start → 2. fit discriminator → 3. the adversarial phase (`objective`, one file each in
+adversary/objectives/: dpo_rounds, what configs/demo.yaml selects, spin, resample_sft or grpo) with the
+discriminator co-trained, 4. held-out td after every round / every `eval_steps` (the mean of `meter_seeds` sampling seeds), 5. gate → 6. export the best checkpoint (merged weights +
 hashed manifest). The thread count is chosen first (`conversations.threads`: a bare `accelerate launch` would leave
 one core).
 """
@@ -35,18 +35,17 @@ def parse_args(argv):
 
 
 def resolve_resume(cfg, args) -> Path | None:
-    """The checkpoint to resume from: `--resume_from_checkpoint latest` finds the newest complete one (a GRPO
-    `checkpoint-N`, a rounds `round-K`); a path must be a complete checkpoint of this job."""
-    from adversary.rounds import latest_round
-    from adversary.state import COMPLETE, STATE_DIR, latest_complete_checkpoint
+    """The checkpoint to resume from: `--resume_from_checkpoint latest` finds the newest complete one the objective
+    wrote (a GRPO `checkpoint-N`, a rounds `round-K`); a path must be a complete checkpoint of this job."""
+    from adversary.objectives import get_objective
+    from adversary.state import COMPLETE, STATE_DIR
     from conversations.schema import DataError
 
     r = args.resume_from_checkpoint
     if not r:
         return None
     if str(r).lower() in ("latest", "true", "last"):
-        found = latest_round(Path(args.output_dir)) if cfg.objective == "dpo_rounds" else \
-            latest_complete_checkpoint(args.output_dir)
+        found = get_objective(cfg.objective).latest_checkpoint(Path(args.output_dir))
         if found is None:
             print(f"no complete checkpoint in {args.output_dir}: starting from scratch")
         return found
@@ -98,7 +97,7 @@ def main(argv=None) -> int:
                                max_steps=args.max_steps if args.max_steps > 0 else None)
         if resume is None:
             stages.fit_discriminator(cfg, state.discriminator, model, tok, data, args.seed)
-    # 3-5. the adversarial phase (GRPO or DPO rounds), co-training the discriminator; held-out td and the gate
+    # 3-5. the adversarial phase (the config's objective), co-training the discriminator; held-out td and the gate
     with timer("adversarial_phase"):
         meter = HeldoutMeter(cfg, data, tok, state, out)
         stages.adversarial_phase(cfg, args, model, tok, state, data, meter, resume)

@@ -73,6 +73,10 @@ class SFTArgs:
     save_adapter: bool = True
     # also save the adapter merged into the base: a plain model folder the next stage loads as is
     save_merged: bool = True
+    # the token loss: nll, or tailr (each token's NLL weighted by p / (gamma + (1 - gamma) p), p the model's
+    # probability of the token, detached: TaiLr, Ji et al. 2023; down-weights the tokens the model finds unlikely)
+    loss: str = "nll"
+    tailr_gamma: float = 0.5
 
     def __post_init__(self):
         from conversations.assets import check_model_name
@@ -80,6 +84,8 @@ class SFTArgs:
         from conversations.precision import normalise_dtype
 
         check_ranges(self, SFT_RANGES)
+        if self.loss not in ("nll", "tailr"):
+            raise ConfigError(f"loss must be nll or tailr, not {self.loss!r}")
         self.dtype = normalise_dtype(self.dtype)
         check_model_name(self.model, "model")
 
@@ -88,7 +94,7 @@ SFT_RANGES = {
     "warmup_ratio": "[0, 1)", "lora_r": ">= 1", "lora_alpha": "> 0", "lora_dropout": "[0, 1)",
     "max_context_messages": ">= 0", "max_turn_chars": ">= 1", "max_context_tokens": f">= {_MIN_PROMPT_TOKENS}",
     "train_turns": ">= 1", "eval_turns": ">= 0", "eval_batch_size": ">= 1", "val_frac": "[0, 0.5)",
-    "test_frac": "[0, 0.5)",
+    "test_frac": "[0, 0.5)", "tailr_gamma": "[0, 1]",
 }
 # our defaults for TRL's SFTConfig (its own defaults are a GPU's: bf16, 1024 tokens, gradient checkpointing on)
 SFT_CONFIG_DEFAULTS = {
@@ -287,7 +293,9 @@ def make_trainer(args: SFTArgs, config, model, tokenizer, train_records: Sequenc
 
     dataset = build_sft_dataset(train_records, tokenizer, max_context_tokens=args.max_context_tokens,
                                 max_length=config.max_length)
-    trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks)
+    loss = tailr_loss(args.tailr_gamma) if args.loss == "tailr" else None
+    trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks,
+                         compute_loss_func=loss)
     # progress to stderr: stdout carries the CLI's JSON summary only
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -296,6 +304,24 @@ def make_trainer(args: SFTArgs, config, model, tokenizer, train_records: Sequenc
     trainer.add_callback(_stderr_log_callback())
     trainer.add_callback(_release_memory_callback(RELEASE_MEMORY_STEPS))
     return trainer
+
+
+def tailr_loss(gamma: float):
+    """TaiLr's token loss for `SFTTrainer(compute_loss_func=...)`: -sum_t w_t log p_t / n, w_t = p_t / (gamma +
+    (1 - gamma) p_t) with p_t detached; gamma 0 is the plain NLL. `n` is the batch's (accumulated) count of loss
+    tokens, so the gradient accumulation scales as the NLL's does."""
+    import torch
+
+    def loss(outputs, labels, num_items_in_batch=None):
+        logits, target = outputs.logits[:, :-1].float(), labels[:, 1:]  # (B, T-1, V), (B, T-1)
+        mask = target != -100
+        logp = torch.log_softmax(logits, -1).gather(-1, target.clamp(min=0)[..., None])[..., 0]  # (B, T-1)
+        p = logp.detach().exp()
+        w = p / (gamma + (1.0 - gamma) * p)
+        n = num_items_in_batch if num_items_in_batch is not None else mask.sum()
+        return -(w * logp * mask).sum() / n
+
+    return loss
 
 
 # on a CPU, glibc keeps the arenas that batches of every length leave behind: the warm start's resident memory grew

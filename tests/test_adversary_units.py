@@ -187,6 +187,7 @@ def test_metric_callbacks_run_before_the_reporters(tmp_path):
     # disc/* and faults/* are added to the logs in on_log: TensorBoard (registered first by the Trainer) must see them
     from adversary.heldout import HeldoutMeter
     from adversary.loop import build_trainer
+    from adversary.objectives.base import Phase
     from adversary.stages import make_discriminator, prepare_data
     from adversary.train import parse_args
     from generator.model import load_generator
@@ -195,7 +196,8 @@ def test_metric_callbacks_run_before_the_reporters(tmp_path):
     data = prepare_data(cfg, args.seed)
     model, tok = load_generator(cfg.model)
     state = _state(cfg, make_discriminator(cfg, args.seed))
-    trainer = build_trainer(cfg, args, model, tok, state, data, meter=HeldoutMeter(cfg, data, tok, state, tmp_path))
+    phase = Phase(cfg, args, model, tok, state, data, meter=HeldoutMeter(cfg, data, tok, state, tmp_path))
+    trainer = build_trainer(cfg, args, model, tok, state, data, phase=phase)
     names = [type(c).__name__ for c in trainer.callback_handler.callbacks]
     first_reporter = names.index("TensorBoardCallback")
     assert names.index("FaultGuard") < first_reporter and names.index("CoTrainCallback") < first_reporter

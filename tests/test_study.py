@@ -64,7 +64,7 @@ def test_study_smoke(tmp_path):
            "--arms", "grpo", "dpo:objective=dpo_rounds,round_chosen=real,round_contexts=8,dpo_batch_size=4,dpo_micro_batch=2",
            "sft", "--arm_seconds", "6", "--study_contexts", "24", "--val_contexts", "24", "--temperatures", "0.8", "1.0",
            "--study_detectors", "classical", "style", "--study_folds", "3", "--n_boot", "100", "--plateau_steps", "4",
-           "--plateau_eval_every", "2"]
+           "--plateau_eval_every", "2", "--study_seeds", "3001", "3002"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     study = json.loads((out / "study.json").read_text())
@@ -80,8 +80,15 @@ def test_study_smoke(tmp_path):
         assert 0 <= a["td_ci95"][0] <= a["td"] <= a["td_ci95"][1] <= 50
         assert a["temperature"] in (0.8, 1.0) and set(a["val_td_by_temperature"]) == {"0.8", "1.0"}
         assert "len_ratio_median" in a["diagnostics"]
-        assert len((out / "arms" / f"{arm}.jsonl").read_text().splitlines()) == 24
+        assert [r["seed"] for r in a["per_seed"]] == [3001, 3002]
+        assert a["td"] == pytest.approx(np.mean([r["td"] for r in a["per_seed"]]))
+        for name in (f"{arm}.jsonl", f"{arm}.seed3002.jsonl"):  # every seed's turns, for re-scoring
+            assert len((out / "arms" / name).read_text().splitlines()) == 24
     real_ids = [json.loads(x)["id"] for x in (out / "real.jsonl").read_text().splitlines()]
     assert [json.loads(x)["id"] for x in (out / "arms" / "sft.jsonl").read_text().splitlines()] == real_ids
     assert "grpo-sft" in study["differences"] and len(study["differences"]["dpo-sft"]["ci95"]) == 2
     assert (out / "study.png").stat().st_size > 5000
+    # a rerun reuses every trained and scored arm: the same table, nothing trained or scored again
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.count("reusing its scoring") == 4 and "training for" not in r.stdout
+    assert json.loads((out / "study.json").read_text())["differences"] == study["differences"]
