@@ -25,7 +25,8 @@ RANGES = {
     "dpo_micro_batch": ">= 1", "spin_epochs": ">= 1", "spin_history": ">= 0",
     "resample_candidates": ">= 2", "resample_real_share": "[0, 1]", "tailr_gamma": "[0, 1]", "heldout_contexts": ">= 20", "heldout_folds": ">= 2", "meter_seeds": ">= 1", "heldout_max_new_tokens": ">= 1",
     "sim_batch_size": ">= 1", "sim_temperature": "> 0", "sim_top_p": "(0, 1]", "gate_patience": ">= 1",
-    "gate_min_delta": ">= 0", "gate_target_td": "[0, 50]", "gate_smooth": ">= 1",
+    "gate_min_delta": ">= 0", "gate_target_td": "[0, 50]", "gate_smooth": ">= 1", "conv_contexts": ">= 0",
+    "conv_max_turns": ">= 1",
 }
 
 
@@ -100,7 +101,7 @@ class AdversaryConfig:
                 "realism terms) or dpo_rounds (rounds of: sample round_samples turns per context, the discriminator "
                 "picks chosen/rejected, one epoch of TRL DPO on the LoRA adapter; adversary/rounds.py)."})
     grpo_rollout: str = field(default="engine", metadata={
-        "help": "grpo: who samples the group's completions: engine (generator.engine.EngineRollout on a merged "
+        "help": "grpo: who samples the group's completions: engine (adversary.rollout.EngineRollout on a merged "
                 "inference copy, through TRL's rollout_func) or trl (TRL's own model.generate, or vLLM with "
                 "use_vllm). With use_vllm or under FSDP, TRL's own generation is used either way."})
     phase_seconds: float = field(default=0.0, metadata={
@@ -159,6 +160,14 @@ class AdversaryConfig:
     gate_min_delta: float = field(default=1.0, metadata={"help": "Improvement in td points that resets patience."})
     gate_target_td: float = field(default=2.0, metadata={"help": "Freeze as soon as td is at or below this."})
     gate_smooth: int = field(default=2, metadata={"help": "Readings averaged for the plateau rule (damps noise)."})
+    conv_contexts: int = field(default=0, metadata={
+        "help": "Held-out real conversations the meter continues at every reading (adversary.conversation_meter): "
+                "conversation-level td (conv/td), termination F1, ends and turns per real, beside the turn-level "
+                "reading; 0 reads turns only."})
+    conv_max_turns: int = field(default=4, metadata={"help": "Simulated user turns per held-out conversation at most."})
+    gate_level: str = field(default="turn", metadata={
+        "help": "Which reading the gate freezes on and picks the best checkpoint by: turn (td/panel) or "
+                "conversation (conv/td; needs conv_contexts > 0)."})
 
     # ---- export
     export_dir: str | None = field(default=None, metadata={"help": "Where the frozen simulator goes (default OUTPUT_DIR/frozen)."})
@@ -186,6 +195,9 @@ class AdversaryConfig:
             (self.grpo_rollout in ("engine", "trl"), "grpo_rollout", "grpo_rollout must be engine or trl"),
             (self.dpo_loss in ("sigmoid", "apo_zero"), "dpo_loss", "dpo_loss must be sigmoid or apo_zero"),
             (self.sft_loss in ("nll", "tailr"), "sft_loss", "sft_loss must be nll or tailr"),
+            (self.gate_level in ("turn", "conversation"), "gate_level", "gate_level must be turn or conversation"),
+            (self.gate_level == "turn" or self.conv_contexts >= 20, "gate_level",
+             "gate_level conversation needs conv_contexts >= 20 (the conversations it reads)"),
             (self.dpo_batch_size % self.dpo_micro_batch == 0, "dpo_batch_size",
              "dpo_batch_size must be a multiple of dpo_micro_batch"),
         ]

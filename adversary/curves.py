@@ -78,6 +78,9 @@ def plot_curves(rows: list[dict[str, Any]], path: str | Path, *, freeze_step: in
         detectors = sorted({k[len("td/"):] for r in rows for k in r if k.startswith("td/") and k[3:] not in TD_SUMMARY})
         for i, name in enumerate(detectors, start=1):
             ax.plot(steps, [r.get(f"td/{name}") for r in rows], "--", lw=1, color=f"C{i}", label=f"{name}")
+        if any(r.get("conv/td") is not None for r in rows):  # the conversation level, beside the turns
+            ax.plot(steps, [r.get("conv/td") for r in rows], "-s", color="black", lw=1.5,
+                    label=f"conversation td ({rows[-1].get('conv/conversations')} conversations)")
         for key, style, label in (("disc/acc", ":", "training discriminator |acc-50|"),
                                   ("disc/heldout_acc", "-.", "training discriminator |acc-50|, fresh pairs")):
             if any(r.get(key) is not None for r in rows):
@@ -98,3 +101,39 @@ def plot_curves(rows: list[dict[str, Any]], path: str | Path, *, freeze_step: in
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def plot_study(study: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = list(study["arms"])
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12, 4.2), dpi=120)
+    plateau = study.get("plateau") or []
+    if plateau:
+        steps = [r["step"] for r in plateau]
+        ax0.plot(steps, [r["td"] for r in plateau], "-o", color="C0", label="held-out td (validation contexts)")
+        ax0.fill_between(steps, [r["td_ci95"][0] for r in plateau], [r["td_ci95"][1] for r in plateau], alpha=0.2)
+        ax0.set_xlabel("SFT step")
+        ax0.set_ylabel("td")
+        ax0b = ax0.twinx()
+        ax0b.plot(steps, [r["val_ppl"] for r in plateau], "--s", color="C1", label="validation perplexity")
+        ax0b.set_ylabel("perplexity")
+        ax0.set_title("warm start: SFT to its plateau")
+        ax0.legend(loc="upper right", fontsize=8)
+        ax0b.legend(loc="center right", fontsize=8)
+    tds = [study["arms"][a]["td"] for a in arms]
+    lo = [study["arms"][a]["td"] - study["arms"][a]["td_ci95"][0] for a in arms]
+    hi = [study["arms"][a]["td_ci95"][1] - study["arms"][a]["td"] for a in arms]
+    ax1.bar(arms, tds, yerr=[lo, hi], capsize=6, color=[f"C{i}" for i in range(len(arms))])
+    for i, a in enumerate(arms):
+        ax1.text(i, 0.5, f"T={study['arms'][a]['temperature']}\n{study['arms'][a]['steps']} steps", ha="center",
+                 fontsize=7, color="white")
+    ax1.set_ylabel("held-out td (panel max), 95% CI")
+    ax1.set_title(f"{study['n_contexts']} test contexts per arm, {study['arm_seconds']:.0f}s of training each")
+    ax1.tick_params(axis="x", labelsize=7, rotation=15)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

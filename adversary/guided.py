@@ -93,7 +93,7 @@ def pooled_difference(correct_a: list[np.ndarray], correct_b: list[np.ndarray], 
                       counts: np.ndarray) -> np.ndarray:
     """Bootstrap distribution [B] of mean over seeds of (panel td of a - panel td of b), both read on the same
     items (`discriminator.turing.pooled_panel_td`)."""
-    from discriminator.turing import pooled_panel_td
+    from conversations.bootstrap import pooled_panel_td
 
     return pooled_panel_td(correct_a, ctx, counts) - pooled_panel_td(correct_b, ctx, counts)
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import time
 
+from adversary.conversation_meter import (conversation_line, measure_conversations,
+                                         simulate_heldout_conversations)
 from adversary.crashpoints import crash_point
 from conversations.schema import TurnRecord
 from discriminator.turing import measure_td
@@ -120,9 +122,14 @@ class HeldoutMeter:
         t0 = time.perf_counter()
         release_memory()  # the simulation's cache lands on a trimmed heap, not on what training left (the run's peak)
         seeds = [HELDOUT_SEED + 1000 * i for i in range(self.cfg.meter_seeds)]  # the same at every reading
+        convs = getattr(self.data, "heldout_convs", None)
         with generation as model:
             per_seed = [simulate_heldout(model, self.tok, self.data.heldout, self.cfg, accelerator, seed=s,
                                          precision=self.cfg.dtype) for s in seeds]
+            # every rank continues the same conversations (the same seed): under sharded weights all ranks must
+            # run the same forwards
+            sim_convs = simulate_heldout_conversations(model, self.tok, convs, self.cfg, heldout_settings(self.cfg),
+                                                       seeds[0], precision=self.cfg.dtype) if convs else None
             del model  # the copy goes as the context closes, not when this method returns
         sims = per_seed[0]
         payload = [None]
@@ -131,8 +138,12 @@ class HeldoutMeter:
             items = list(self.data.heldout) + sims
             y = [1] * len(self.data.heldout) + [0] * len(sims)
             row["disc/heldout_acc"] = float(accuracy_score(y, (self.state.discriminator.score(items) > 0).astype(int)))
+            if sim_convs is not None:
+                row.update(measure_conversations(convs, sim_convs, self.cfg))
             row.update(extra or {})
-            decision = self.state.gate.update(Reading(step, row["td/panel"], row["td/ci_low"], row["td/ci_high"]))
+            level = "conv/td" if self.cfg.gate_level == "conversation" else "td/panel"
+            lo, hi = ("conv/ci_low", "conv/ci_high") if level == "conv/td" else ("td/ci_low", "td/ci_high")
+            decision = self.state.gate.update(Reading(step, row[level], row[lo], row[hi]))
             row["td/eval_seconds"] = time.perf_counter() - t0
             payload = [{"row": row, "stop": decision.stop, "is_best": decision.is_best,
                         "gate": self.state.gate.state_dict()}]
@@ -149,6 +160,7 @@ class HeldoutMeter:
             print(f"[td] step {step}: td {r['td/panel']:.1f} (95% CI {r['td/ci_low']:.1f}-{r['td/ci_high']:.1f}), "
                   f"auc {r['td/auc']:.3f}, discriminator acc on held-out {r['disc/heldout_acc']:.3f}, "
                   f"truncated {r.get('diag/truncated_rate', 0):.2f}, ends {r.get('diag/end_rate', 0):.2f}"
+                  f"{conversation_line(r)}"
                   f"{'  best' if res['is_best'] else ''}"
                   f"{'  -> gate: ' + self.state.gate.describe() if res['stop'] else ''}", flush=True)
         return res["row"], res["stop"], res["is_best"]

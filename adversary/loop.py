@@ -167,13 +167,13 @@ def grpo_dataset(cfg, tokenizer, records):
 def grpo_trainer(cfg, args, model, tokenizer, train_dataset, reward_funcs, callbacks=None, *, prepare: bool = True):
     """TRL's GRPOTrainer as this project runs it: the model prepared for training on its device
     (`generator.model.prepare_training`), LoRA from the config and, with `grpo_rollout: engine` (not under vLLM),
-    the group's completions sampled by `generator.engine.EngineRollout`. `prepare=False` leaves the model and the
+    the group's completions sampled by `adversary.rollout.EngineRollout`. `prepare=False` leaves the model and the
     rollouts as TRL has them (the benchmark's baseline)."""
     import os
 
     from trl import GRPOTrainer
 
-    from generator.engine import EngineRollout
+    from adversary.rollout import EngineRollout
     from generator.model import lora_config, pick_device, prepare_training
 
     rollout = None

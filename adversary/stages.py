@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +30,7 @@ class RunData:
     heldout: list[TurnRecord]  # test split: the meter's fixed contexts, never trained on
     val: list[TurnRecord]  # val split: choices made before the test split is looked at (temperature, plateau)
     fingerprint: str
+    heldout_convs: list = field(default_factory=list)  # test split: whole conversations the meter continues (conv_contexts)
 
 
 def prepare_data(cfg, seed: int, *, val_contexts: int = 0) -> RunData:
@@ -64,7 +65,10 @@ def prepare_data(cfg, seed: int, *, val_contexts: int = 0) -> RunData:
         raise DataError(f"the train split has {len(train)} turns, fewer than the run draws ({sizes}); lower "
                         "warmstart_steps, disc_init_items or train_contexts", cfg.data)
     rest = [train[i] for i in order[at:]]
-    return RunData(train=train, rest=rest, heldout=heldout, val=val, fingerprint=fingerprint(train + heldout), **cut)
+    from adversary.conversation_meter import heldout_conversations
+
+    return RunData(train=train, rest=rest, heldout=heldout, val=val, fingerprint=fingerprint(train + heldout),
+                   heldout_convs=heldout_conversations(cfg, seeds["heldout"]), **cut)
 
 
 def base_model_td(cfg, args, data: RunData) -> dict | None:
@@ -238,10 +242,13 @@ def manifest(cfg, args, data: RunData, state, start_model: str, base: dict | Non
     from generator.prompts import PROMPT_FORMAT_VERSION
 
     best, gate = state.gate.best, state.gate
+    best_row = next((r for r in state.rows if r["step"] == best.step), {})
     return {
         "base_model": cfg.model, "warm_start": start_model, "data": cfg.data, "data_fingerprint": data.fingerprint,
         "config": {"adversary": to_jsonable(cfg), "grpo": to_jsonable(args)}, "td_curve": state.rows,
-        "best": {"step": best.step, "td": best.td, "td_ci95": [best.ci_low, best.ci_high]},
+        "best": {"step": best.step, "td": best.td, "td_ci95": [best.ci_low, best.ci_high], "gate_level": cfg.gate_level,
+                 "turn_td": best_row.get("td/panel"),  # both levels of the best reading, whichever the gate read
+                 "conversation": {k: v for k, v in best_row.items() if k.startswith("conv/")} or None},
         "gate": {"reason": gate.reason, "description": gate.describe()}, "base_model_td": base,
         "prompt_format_version": PROMPT_FORMAT_VERSION, "sampling": heldout_settings(cfg).to_dict(),
         "precision": cfg.dtype, "objective": cfg.objective, "torch": torch.__version__,

@@ -273,7 +273,7 @@ def paired_differences(reports: dict, real_ids: list[str], n_boot: int, seed: in
     resampling held-out contexts jointly (the same resample for every arm and seed). `reports[arm]`: {"td", "oof":
     one out-of-fold record or a list of them, one per seed}."""
     from conversations.bootstrap import percentile_ci, resample_counts
-    from discriminator.turing import pooled_panel_td
+    from conversations.bootstrap import pooled_panel_td
 
     ctx_index = {rid: i for i, rid in enumerate(real_ids)}
     counts = resample_counts(len(real_ids), n_boot, seed)  # (B, n_ctx): contexts drawn jointly for every arm
@@ -287,42 +287,6 @@ def paired_differences(reports: dict, real_ids: list[str], n_boot: int, seed: in
             out[f"{a}-{b}"] = {"td_difference": reports[a]["td"] - reports[b]["td"], "ci95": [float(lo), float(hi)],
                                "share_of_resamples_a_lower": float(np.mean(diffs < 0))}
     return out
-
-
-def plot_study(study: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    arms = list(study["arms"])
-    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12, 4.2), dpi=120)
-    plateau = study.get("plateau") or []
-    if plateau:
-        steps = [r["step"] for r in plateau]
-        ax0.plot(steps, [r["td"] for r in plateau], "-o", color="C0", label="held-out td (validation contexts)")
-        ax0.fill_between(steps, [r["td_ci95"][0] for r in plateau], [r["td_ci95"][1] for r in plateau], alpha=0.2)
-        ax0.set_xlabel("SFT step")
-        ax0.set_ylabel("td")
-        ax0b = ax0.twinx()
-        ax0b.plot(steps, [r["val_ppl"] for r in plateau], "--s", color="C1", label="validation perplexity")
-        ax0b.set_ylabel("perplexity")
-        ax0.set_title("warm start: SFT to its plateau")
-        ax0.legend(loc="upper right", fontsize=8)
-        ax0b.legend(loc="center right", fontsize=8)
-    tds = [study["arms"][a]["td"] for a in arms]
-    lo = [study["arms"][a]["td"] - study["arms"][a]["td_ci95"][0] for a in arms]
-    hi = [study["arms"][a]["td_ci95"][1] - study["arms"][a]["td"] for a in arms]
-    ax1.bar(arms, tds, yerr=[lo, hi], capsize=6, color=[f"C{i}" for i in range(len(arms))])
-    for i, a in enumerate(arms):
-        ax1.text(i, 0.5, f"T={study['arms'][a]['temperature']}\n{study['arms'][a]['steps']} steps", ha="center",
-                 fontsize=7, color="white")
-    ax1.set_ylabel("held-out td (panel max), 95% CI")
-    ax1.set_title(f"{study['n_contexts']} test contexts per arm, {study['arm_seconds']:.0f}s of training each")
-    ax1.tick_params(axis="x", labelsize=7, rotation=15)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
 
 
 def score_arm(arm: str, res: dict, cfg, args, study, data, out: Path) -> tuple[dict, list[dict]]:
@@ -362,7 +326,7 @@ def score_arm(arm: str, res: dict, cfg, args, study, data, out: Path) -> tuple[d
               f"auc {rep['auc']:.3f}, headline {rep['headline_detector']}", flush=True)
     del model
     from conversations.bootstrap import percentile_ci, resample_counts
-    from discriminator.turing import pooled_panel_td
+    from conversations.bootstrap import pooled_panel_td
 
     ctx_index = {r.id: i for i, r in enumerate(data.heldout)}
     boot = pooled_panel_td(*_correct_and_contexts(oofs, ctx_index), resample_counts(len(data.heldout), study.n_boot,
@@ -445,6 +409,8 @@ def main(argv=None) -> int:
            "wall_seconds": round(time.time() - t_start, 1),
            "config": {"adversary": to_jsonable(cfg), "grpo": to_jsonable(args), "study": to_jsonable(study)}}
     (out / "study.json").write_text(json.dumps(doc, indent=2, default=float))
+    from adversary.curves import plot_study
+
     plot_study(doc, out / "study.png")
     for k, d in diffs.items():
         print(f"td difference {k}: {d['td_difference']:+.1f} (95% CI {d['ci95'][0]:+.1f} to {d['ci95'][1]:+.1f})")

@@ -29,9 +29,20 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml
 
 
 def parse_args(argv):
+    """(AdversaryConfig, GRPOConfig); a key the user set that the chosen objective does not read is named (a preset
+    for GRPO run with objective dpo_rounds would otherwise set its reward weights to no effect, silently)."""
     from adversary.config import parse_job
+    from adversary.objectives import ignored_keys
+    from conversations.config import given_keys
 
-    return parse_job((), argv, prog="adversary/train.py", default_config=DEFAULT_CONFIG)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cfg, args = parse_job((), argv, prog="adversary/train.py", default_config=DEFAULT_CONFIG)
+    given = given_keys(argv if "--config" in argv else ["--config", str(DEFAULT_CONFIG)] + argv)
+    ignored = ignored_keys(cfg.objective, set().union(*given))
+    if ignored:
+        print(f"objective {cfg.objective} does not read {', '.join(ignored)} (set for another objective): no effect",
+              flush=True)
+    return cfg, args
 
 
 def resolve_resume(cfg, args) -> Path | None:

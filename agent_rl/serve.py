@@ -38,24 +38,22 @@ import hmac
 import json
 import logging
 import os
-import queue
 import select
 import socket
 import sys
-import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from conversations import DataError
 from conversations.cli_util import friendly_errors
-from generator.engine import SamplingSettings
 
+from agent_rl.batcher import Batcher, Job
 from agent_rl.gyms import UserRequest
+from agent_rl.openai_requests import BadRequest, Policy, read_messages, sampling_for, to_request
 from agent_rl.userrl import RolePlay, parse_roleplay
-from agent_rl.users import DEFAULT_SETTINGS, EMPTY_REPLY, LMUser, ScriptedUser, load_simulator, short_label
+from agent_rl.users import DEFAULT_SETTINGS, EMPTY_REPLY, ScriptedUser, load_simulator, short_label
 
 log = logging.getLogger("agent_rl.serve")
 DEFAULT_KEY_ENV = "AGENT_RL_API_KEY"
@@ -64,186 +62,6 @@ MAX_BODY = 4 << 20  # bytes: a conversation, not a file upload
 # and closes while the client is still sending resets the connection, and the client sees a broken pipe instead of
 # the 413 (measured with requests and httpx at 5 MiB); beyond it the connection is closed unread
 DRAIN_LIMIT = 64 << 20
-ROLES = ("system", "user", "assistant", "developer")
-
-
-class BadRequest(Exception):
-    def __init__(self, status: int, message: str, code: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.code = status, message, code
-
-
-@dataclass
-class Job:
-    """One request on its way through the batcher."""
-
-    request: UserRequest
-    settings: SamplingSettings
-    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
-    gone: threading.Event = field(default_factory=threading.Event)  # the client disconnected
-
-
-class Batcher:
-    """Collects concurrent requests for up to `wait_s` (or `max_batch` of them) and answers them with one simulator
-    call per distinct sampling setting. A job whose client has gone is skipped, or dropped from its batch at the next
-    token (`Engine.complete(cancelled=...)`)."""
-
-    def __init__(self, simulator, max_batch: int = 16, wait_s: float = 0.01):
-        self.simulator, self.max_batch, self.wait_s = simulator, max_batch, wait_s
-        self.q: queue.Queue = queue.Queue()
-        self.batches = 0
-        self.cancelled = 0
-        self._thread = threading.Thread(target=self._loop, name="simulator-batcher", daemon=True)
-        self._thread.start()
-
-    def submit(self, job: Job) -> Job:
-        self.q.put(job)
-        return job
-
-    def close(self):
-        self.q.put(None)
-
-    def _loop(self):
-        while True:
-            item = self.q.get()
-            if item is None:
-                return
-            batch, deadline = [item], time.monotonic() + self.wait_s
-            while len(batch) < self.max_batch:
-                try:
-                    nxt = self.q.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    self.q.put(None)
-                    break
-                batch.append(nxt)
-            live = []
-            for job in batch:
-                if job.gone.is_set():
-                    self.cancelled += 1
-                    job.future.cancel()
-                else:
-                    live.append(job)
-            groups: dict[Any, list[Job]] = {}
-            for job in live:
-                groups.setdefault(job.settings, []).append(job)
-            for settings, jobs in groups.items():
-                try:
-                    if isinstance(self.simulator, LMUser):
-                        turns = self.simulator.turns([j.request for j in jobs], settings,
-                                                     cancelled=[j.gone.is_set for j in jobs])
-                    else:  # an endpoint simulator: no token-level control
-                        turns = [_Turn(t) for t in self.simulator.reply([j.request for j in jobs], settings=settings)]
-                    for job, turn in zip(jobs, turns):
-                        if job.gone.is_set():
-                            self.cancelled += 1
-                        if not job.future.done():
-                            job.future.set_result(turn)
-                except Exception as e:  # noqa: BLE001 - handed to every waiting request
-                    for job in jobs:
-                        if not job.future.done():
-                            job.future.set_exception(e)
-            self.batches += 1
-
-
-@dataclass
-class _Turn:
-    text: str
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    truncated: bool = False
-    ended: bool = False
-
-
-def _text(content: Any) -> str:
-    """OpenAI message content: a string or a list of parts (text parts kept)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type", "text") == "text")
-    if content is None:
-        return ""
-    raise BadRequest(400, "message content must be a string or a list of text parts")
-
-
-def read_messages(body: dict[str, Any]) -> list[dict[str, str]]:
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise BadRequest(400, "'messages' must be a non-empty list of {role, content}")
-    out = []
-    for m in msgs:
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
-            raise BadRequest(400, "each message needs a role of system, user or assistant")
-        out.append({"role": "system" if m["role"] == "developer" else m["role"], "content": _text(m.get("content"))})
-    return out
-
-
-@dataclass(frozen=True)
-class Policy:
-    """How the server treats a request's sampling values."""
-
-    budget: SamplingSettings  # the simulator's own settings: defaults and the token budget
-    min_temperature: float = 0.3
-    temperature_policy: str = "override"  # override | refuse
-
-
-def sampling_for(body: dict[str, Any], policy: Policy) -> tuple[SamplingSettings, list[str]]:
-    """The request's sampling settings under the policy, and notes on what was changed."""
-    notes = []
-    n = body.get("n", 1)
-    if n not in (None, 1):
-        raise BadRequest(400, "n must be 1: the simulator writes one user turn per request")
-    if body.get("stream"):
-        raise BadRequest(400, "stream=true is not supported; send stream=false (the default)")
-    s = policy.budget
-    changes: dict[str, Any] = {}
-    for key, name, cast in (("max_tokens", "max_new_tokens", int), ("max_completion_tokens", "max_new_tokens", int),
-                            ("temperature", "temperature", float), ("top_p", "top_p", float)):
-        if body.get(key) is None:
-            continue
-        try:
-            changes[name] = cast(body[key])
-        except (TypeError, ValueError):
-            raise BadRequest(400, f"'{key}' must be a number") from None
-    if "max_new_tokens" in changes:
-        if changes["max_new_tokens"] < 1:
-            raise BadRequest(400, "max_tokens must be >= 1")
-        if changes["max_new_tokens"] > s.max_new_tokens:
-            notes.append(f"max_tokens {changes['max_new_tokens']} clamped to the simulator's turn budget {s.max_new_tokens}")
-            changes["max_new_tokens"] = s.max_new_tokens
-    if "temperature" in changes:
-        t = changes["temperature"]
-        if t < 0:
-            raise BadRequest(400, "temperature must be >= 0")
-        if t < policy.min_temperature:
-            if policy.temperature_policy == "refuse":
-                raise BadRequest(400, f"temperature {t} is below {policy.min_temperature}: this simulator was trained "
-                                      f"and measured at {s.temperature} (low temperatures make it write like an "
-                                      "assistant); send a higher temperature or omit it")
-            notes.append(f"temperature {t} replaced by the simulator's {s.temperature} (below {policy.min_temperature}, "
-                         "it writes like an assistant)")
-            changes["temperature"] = s.temperature
-    if "top_p" in changes and not 0 < changes["top_p"] <= 1:
-        raise BadRequest(400, "top_p must be in (0, 1]")
-    return s.replace(**changes), notes
-
-
-def to_request(messages: list[dict[str, str]], body: dict[str, Any]) -> UserRequest:
-    """The simulator's request from a chat in either orientation (see the module docstring)."""
-    goal = body.get("goal")
-    system = [m["content"] for m in messages if m["role"] == "system" and m["content"].strip()]
-    convo = [m for m in messages if m["role"] != "system"]
-    if goal is None:  # no explicit goal: the system messages describe the user to simulate
-        goal = "\n\n".join(system) or None
-        extra_system = []
-    else:
-        extra_system = [{"role": "system", "content": s} for s in system]
-    if not convo:
-        raise BadRequest(400, "the conversation needs at least one user or assistant message (the agent's)")
-    if convo[-1]["role"] == "user":  # standard orientation: the agent speaks as `user`; flip to the agent's view
-        convo = [{"role": "assistant" if m["role"] == "user" else "user", "content": m["content"]} for m in convo]
-    return UserRequest(context=extra_system + convo, goal=goal, gym="", task=None, persona=body.get("persona"))
 
 
 def make_server(simulator, host: str = "127.0.0.1", port: int = 8000, *, api_key_env: str = DEFAULT_KEY_ENV,

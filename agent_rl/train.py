@@ -30,6 +30,7 @@ from typing import Any  # noqa: E402
 
 from conversations.cli_util import friendly_errors  # noqa: E402
 from conversations.config import ConfigError, dump_config, parse_config  # noqa: E402
+from conversations.seeds import derive_seed  # noqa: E402
 
 from agent_rl.credit import TRAJECTORY_SCORES, TURN_CREDITS, trajectory_score, turn_credits  # noqa: E402
 from agent_rl.users import UserSamplingArgs  # noqa: E402
@@ -149,7 +150,7 @@ class AgentRollout:
                 batch_size=max(1, len(specs)),
                 max_seq_len=a.max_seq_len,
                 # differs per step and per process: the same task must not replay the same random stream
-                seed=trainer.args.seed + 1_000_003 * rank + 7_919 * step,
+                seed=derive_seed(trainer.args.seed, step=step, rank=rank),
                 record=True,
                 precision=a.dtype,
             )

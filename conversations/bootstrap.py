@@ -39,3 +39,15 @@ def stratified_means(strata: Sequence[np.ndarray], n_boot: int, seed: int = 0) -
         v = np.asarray(values, dtype=np.float64)
         out.append(resample_counts(len(v), n_boot, rng=rng) @ v / len(v))  # (n_boot,)
     return np.stack(out, axis=1)
+
+
+def pooled_panel_td(correct: list, ctx: list, counts: np.ndarray) -> np.ndarray:
+    """Bootstrap distribution [B] of a panel td that is the mean over sampling seeds: correct[s] (D, n) booleans
+    (detector right on item) of seed s, ctx[s] (n,) each item's context index, counts (B, n_ctx) how often each
+    context is drawn in each resample (the same resample for every seed, so differences between conditions pair)."""
+    out = np.zeros(len(counts))
+    for c, ix in zip(correct, ctx):
+        w = counts[:, ix].astype(np.float64)  # (B, n)
+        acc = 100.0 * (w @ np.asarray(c, dtype=np.float64).T) / w.sum(1)[:, None]  # (B, D)
+        out += np.abs(acc - 50.0).max(1)
+    return out / len(correct)

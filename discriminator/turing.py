@@ -438,15 +438,3 @@ def measure_td(
             "ids": [it.id for it in items],
         }
     return out
-
-
-def pooled_panel_td(correct: list, ctx: list, counts: np.ndarray) -> np.ndarray:
-    """Bootstrap distribution [B] of a panel td that is the mean over sampling seeds: correct[s] (D, n) booleans
-    (detector right on item) of seed s, ctx[s] (n,) each item's context index, counts (B, n_ctx) how often each
-    context is drawn in each resample (the same resample for every seed, so differences between conditions pair)."""
-    out = np.zeros(len(counts))
-    for c, ix in zip(correct, ctx):
-        w = counts[:, ix].astype(np.float64)  # (B, n)
-        acc = 100.0 * (w @ np.asarray(c, dtype=np.float64).T) / w.sum(1)[:, None]  # (B, D)
-        out += np.abs(acc - 50.0).max(1)
-    return out / len(correct)

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from conversations.config import ConfigError
-from generator.engine import Engine, EngineRollout, SamplingSettings, inference_copy
+from adversary.rollout import EngineRollout
+from generator.engine import Engine, SamplingSettings, inference_copy
 from generator.model import compact_fused_lm_head, load_generator, prepare_training
 
 

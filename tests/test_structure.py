@@ -67,3 +67,20 @@ def test_no_import_circle():
             visit(n)
     cycles = [c for c in cycles if not any("." not in x for x in c)]  # a package importing its own __init__ names
     assert not cycles, f"import circles: {cycles}"
+
+
+def test_no_package_file_over_450_lines():
+    long = {str(p.relative_to(ROOT)): n for pkg in LAYERS for p in (ROOT / pkg).rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 450}
+    assert not long, f"split these by concern: {long}"
+
+
+def test_one_seed_formula():
+    from conversations.seeds import derive_seed
+
+    assert derive_seed(5) == 5 and derive_seed(5, step=3, rank=1) == 5 + 1_000_003 + 3 * 7_919
+    assert derive_seed(0, stream=1) != derive_seed(0, step=1) != derive_seed(0, rank=1)
+    # the formula is written once: no module spells the rank/step offsets out again
+    spelled = [str(p.relative_to(ROOT)) for pkg in LAYERS for p in (ROOT / pkg).rglob("*.py")
+               if "1_000_003 * rank" in p.read_text() and p.name != "seeds.py"]
+    assert not spelled, spelled

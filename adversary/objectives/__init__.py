@@ -42,3 +42,11 @@ def get_objective(name: str) -> type:
     if name not in _REGISTRY:
         raise ConfigError(f"objective: unknown '{name}' (choose from {', '.join(available())})")
     return _REGISTRY[name]
+
+
+def ignored_keys(name: str, given: set[str]) -> list[str]:
+    """Of the keys a user set (`given`), those that only other objectives read: a preset written for GRPO (its
+    reward weights, TRL's GRPO keys) run with `objective: dpo_rounds` has them set to no effect, and should say so."""
+    reads = set(get_objective(name).owns)
+    others = set().union(*(get_objective(o).owns for o in available() if o != name))
+    return sorted((others - reads) & set(given))

@@ -91,6 +91,9 @@ class Objective:
 
     name = "?"
     processes = "any"  # "one": refuses to run under several processes
+    # the config keys only this objective (and its kin) reads: a key set for another objective and not read by the
+    # chosen one is reported at the start of the run (`adversary.objectives.ignored_keys`)
+    owns: tuple[str, ...] = ()
 
     def __init__(self, phase: Phase):
         self.phase = phase

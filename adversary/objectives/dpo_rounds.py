@@ -16,6 +16,10 @@ from adversary.objectives.base import RoundsObjective
 
 @register("dpo_rounds")
 class DPORounds(RoundsObjective):
+    owns = ("round_contexts", "max_rounds", "eval_rounds", "round_samples", "round_min_margin", "dpo_beta",
+            "dpo_lr", "dpo_sft_weight", "dpo_batch_size", "dpo_micro_batch", "dpo_checkpointing", "dpo_loss",
+            "round_chosen")
+
     def epochs(self) -> int:
         return 1
 

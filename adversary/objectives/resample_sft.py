@@ -19,6 +19,8 @@ from conversations.schema import TurnRecord
 
 @register("resample_sft")
 class ResampleSFT(RoundsObjective):
+    owns = ("round_contexts", "max_rounds", "eval_rounds", "resample_candidates", "resample_real_share")
+
     def train_round(self, k: int, step: int) -> dict:
         from adversary.guidance import choose, effective_sample_size
         from conversations.memory import release_memory

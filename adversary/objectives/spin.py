@@ -17,6 +17,10 @@ from adversary.objectives.dpo_rounds import DPORounds
 
 @register("spin")
 class Spin(DPORounds):
+    owns = ("round_contexts", "max_rounds", "eval_rounds", "round_samples", "round_min_margin", "dpo_beta",
+            "dpo_lr", "dpo_sft_weight", "dpo_batch_size", "dpo_micro_batch", "dpo_checkpointing", "dpo_loss",
+            "spin_epochs", "spin_history")
+
     def __init__(self, phase):
         super().__init__(phase)
         self.history: list[list[dict]] = []  # each iteration's pairs, oldest first

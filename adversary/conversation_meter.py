@@ -1,0 +1,98 @@
+"""The meter's conversation level: held-out real conversations continued by the simulator, read beside the turns.
+
+At every reading (`conv_contexts` > 0), each held-out real conversation (test split, opening with a user turn) is
+seeded with its first real user turn and continued by the simulator for up to `conv_max_turns` user turns against
+the replayed assistant (the real conversation's own replies, in order: every reading meets the same assistant, as
+`adversary.compare` does). The fresh detector panel then scores whole conversations (`discriminator.conversation`),
+and ending is scored against where the real users stopped:
+- `conv/td`, `conv/ci_low`, `conv/ci_high`: the panel td on whole conversations;
+- `conv/termination_f1`, `conv/termination_precision`, `conv/termination_recall`: "ends here" against the real
+  user's last turn (a real conversation longer than the window has no end inside it);
+- `conv/ends_per_real`: the simulator's share of ended conversations over the real share within the window (1 is
+  human); `conv/turns_per_real`: simulated user turns per conversation over the real ones (window-capped).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SEED_USER_TURNS = 1  # the real opening turn every continuation starts from
+
+
+def heldout_conversations(cfg, seed: int) -> list:
+    """`conv_contexts` real conversations of the test split that open with a user turn, drawn with `seed` (the
+    same split as the turn-level contexts: split by conversation id with the loaders' fractions)."""
+    import random
+
+    from conversations import split_conversations
+    from generator.data import load_conversations_for
+
+    if not cfg.conv_contexts:
+        return []
+    convs = split_conversations(load_conversations_for(cfg.data), 0.05, 0.05)["test"]
+    convs = [c for c in convs if (body := [m for m in c.messages if m["role"] != "system"]) and body[0]["role"] == "user"]
+    n = min(cfg.conv_contexts, len(convs))
+    return [convs[i] for i in sorted(random.Random(seed + 11).sample(range(len(convs)), n))]
+
+
+def simulate_heldout_conversations(model, tokenizer, convs: list, cfg, settings, seed: int, precision: str | None = None):
+    """The simulator's continuations of `convs` at `settings` (the meter's) as
+    `generator.dialogue.SimulatedConversation`s, ids the real ones'."""
+    from generator.assistants import ReplayAssistant
+    from generator.dialogue import simulate_conversations
+    from generator.engine import Engine
+
+    engine = Engine(model, tokenizer, batch_size=cfg.sim_batch_size, precision=precision)
+    openings = [[m for m in c.messages if m["role"] != "system"][:SEED_USER_TURNS] for c in convs]
+    assistant = ReplayAssistant.from_conversations(convs, start_user_turns=SEED_USER_TURNS)
+    return simulate_conversations(engine, assistant, settings, contexts=openings,
+                                  ids=[str(c.id) for c in convs], max_turns=cfg.conv_max_turns, seed=seed)
+
+
+def measure_conversations(real: list, simulated: list, cfg, seed: int = 0) -> dict:
+    """The `conv/*` entries of a curve row (see the module docstring)."""
+    from conversations.turns import cut_conversations
+    from discriminator.conversation import conversation_items
+    from discriminator.turing import measure_td
+    from generator.diagnostics import termination_scores
+
+    window = SEED_USER_TURNS + cfg.conv_max_turns
+    cut = cut_conversations(real, window)
+    rep = measure_td(conversation_items(cut, seed_user_turns=SEED_USER_TURNS),
+                     conversation_items([s.to_conversation() for s in simulated], seed_user_turns=SEED_USER_TURNS,
+                                        label="@sim"),
+                     detectors=tuple(cfg.heldout_detectors), folds=cfg.heldout_folds, seed=seed)
+    n_real = {str(c.id): sum(m["role"] == "user" for m in c.messages) - SEED_USER_TURNS for c in real}
+    pairs, sim_turns, real_turns, real_ends = [], [], [], []
+    for s in simulated:
+        k = sum(m["role"] == "user" for m in s.messages) - SEED_USER_TURNS
+        ends = [False] * k
+        if s.ended and k:
+            ends[-1] = True
+        r = n_real.get(str(s.id), 0)
+        pairs.append((ends, r if r <= cfg.conv_max_turns else -1))  # -1: the real user went on past the window
+        sim_turns.append(k)
+        real_turns.append(min(r, cfg.conv_max_turns))
+        real_ends.append(r <= cfg.conv_max_turns)
+    term = termination_scores(pairs)
+    real_end_rate = float(np.mean(real_ends)) if real_ends else float("nan")
+    sim_end_rate = float(np.mean([s.ended for s in simulated])) if simulated else float("nan")
+    return {
+        "conv/td": rep["td"], "conv/ci_low": rep["td_ci95"][0], "conv/ci_high": rep["td_ci95"][1],
+        "conv/auc": rep["auc"], "conv/conversations": len(simulated),
+        "conv/termination_f1": term["termination_f1"], "conv/termination_precision": term["termination_precision"],
+        "conv/termination_recall": term["termination_recall"],
+        "conv/end_rate": sim_end_rate, "conv/real_end_rate": real_end_rate,
+        "conv/ends_per_real": sim_end_rate / real_end_rate if real_end_rate else float("nan"),
+        "conv/turns_per_real": float(np.mean(sim_turns)) / max(float(np.mean(real_turns)), 1e-9) if real_turns else float("nan"),
+    }
+
+
+def conversation_line(row: dict) -> str:
+    """The conversation level of a reading's printed line ('' when the meter reads turns only)."""
+    if "conv/td" not in row:
+        return ""
+    f1 = row["conv/termination_f1"]
+    return (f"; conversations: td {row['conv/td']:.1f} ({row['conv/ci_low']:.1f}-{row['conv/ci_high']:.1f}), "
+            f"termination F1 {f1:.2f}, ends/real {row['conv/ends_per_real']:.2f}, turns/real "
+            f"{row['conv/turns_per_real']:.2f}")

@@ -1,0 +1,70 @@
+"""The meter's conversation level: ending scored against where real users stopped (exact values), and the main job
+reading both levels with the gate on the conversation one."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from adversary.config import AdversaryConfig
+from conversations.schema import Conversation
+from generator.dialogue import SimulatedConversation
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _conv(i, users, prefix="real"):
+    msgs = []
+    for k in range(users):
+        msgs += [{"role": "user", "content": f"{prefix} {i} turn {k}"}, {"role": "assistant", "content": f"reply {k}"}]
+    return msgs
+
+
+def test_termination_and_rates_against_the_real_users_within_the_window():
+    cfg = AdversaryConfig(heldout_detectors=["classical"], heldout_folds=2, conv_max_turns=2)
+    from adversary.conversation_meter import measure_conversations
+
+    # even ids: the real user stops after 1 turn past the opening, and so does the simulator (an end found);
+    # odd ids: the real user goes on for 5 more (past the window: no end to find), the simulator writes 2 and stops
+    # without ending (right) -- except id 1, which ends at its 2nd turn (a false end)
+    real = [Conversation(id=str(i), messages=_conv(i, 2 if i % 2 == 0 else 6)) for i in range(20)]
+    sims = []
+    for i in range(20):
+        k = 1 if i % 2 == 0 else 2
+        msgs = _conv(i, 1 + k, "sim")[:-1]  # the opening, k simulated turns, the last one unanswered
+        sims.append(SimulatedConversation(id=str(i), messages=msgs, ended=(i % 2 == 0) or i == 1, user_turns=k))
+    row = measure_conversations(real, sims, cfg)
+    assert row["conv/termination_precision"] == pytest.approx(10 / 11)  # 10 true ends, 1 false
+    assert row["conv/termination_recall"] == 1.0
+    assert row["conv/termination_f1"] == pytest.approx(2 * (10 / 11) / (10 / 11 + 1))
+    assert row["conv/end_rate"] == pytest.approx(11 / 20) and row["conv/real_end_rate"] == 0.5
+    assert row["conv/ends_per_real"] == pytest.approx(1.1)
+    assert row["conv/turns_per_real"] == pytest.approx(1.0)  # 1.5 simulated turns against 1.5 real (window-capped)
+    assert row["conv/conversations"] == 20 and 0 <= row["conv/td"] <= 50
+
+
+def test_the_gate_on_the_conversation_level_needs_conversations():
+    from conversations.config import ConfigError
+
+    with pytest.raises(ConfigError, match="conv_contexts >= 20"):
+        AdversaryConfig(gate_level="conversation")
+
+
+def test_the_main_job_reads_both_levels_and_the_export_records_them(tmp_path):
+    from adversary.train import main
+
+    out = tmp_path / "conv"
+    argv = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--output_dir", str(out), "--objective", "dpo_rounds",
+            "--round_contexts", "8", "--dpo_batch_size", "4", "--dpo_micro_batch", "2", "--max_rounds", "1",
+            "--conv_contexts", "24", "--conv_max_turns", "2", "--gate_level", "conversation"]
+    assert main(argv) == 0
+    manifest = json.loads((out / "frozen" / "simulator.json").read_text())
+    rows = manifest["td_curve"]
+    assert [r["step"] for r in rows] == [0, 2]
+    assert all(0 <= r["conv/td"] <= 50 and r["conv/conversations"] == 24 and "td/panel" in r for r in rows)
+    best = manifest["best"]
+    assert best["gate_level"] == "conversation"
+    best_row = next(r for r in rows if r["step"] == best["step"])
+    assert best["td"] == best_row["conv/td"] and best["turn_td"] == best_row["td/panel"]
+    assert best["conversation"]["conv/td"] == best_row["conv/td"]
+    assert "conv/termination_f1" in (out / "curves.csv").read_text().splitlines()[0]
