@@ -80,6 +80,10 @@ class AdversaryConfig:
         "help": "Weights of the discriminator's two members in its log-odds: [neural (the `discriminator` backbone, "
                 "updated online), classical (char/word n-gram logistic regression, refit on its pool)]; 0 leaves one out."})
     disc_pool_size: int = field(default=4096, metadata={"help": "Newest labelled turns the classical member is refit on."})
+    disc_sees_end: bool = field(default=False, metadata={
+        "help": "The discriminator sees the end decision: a turn that ends its conversation (the real user's last, a "
+                "simulated one that wrote the end marker) carries the marker in what the discriminator is fitted on "
+                "and scores (the rounds objectives and the initial fit; GRPO's rewards read turns without it)."})
     disc_reward: str = field(default="logit", metadata={
         "help": "The discriminator reward from its log-odds z: logit = clip(z, +-reward_clip); log_d = log sigmoid(z) "
                 "clipped below at -reward_clip (non-saturating, no reward for 'more real than real')."})

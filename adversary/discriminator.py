@@ -26,6 +26,15 @@ import numpy as np
 from conversations import DataError, TurnRecord
 
 
+def with_end(text: str, ended: bool, on: bool) -> str:
+    """The discriminator's view of a turn: with `disc_sees_end` (`on`), a turn that ends its conversation (a real
+    user's last turn, a simulated turn that wrote the end marker) carries the marker, so ending is part of what the
+    discriminator compares: a real user who ended against a simulator that went on, and the reverse."""
+    from generator.prompts import END_MARKER
+
+    return f"{text} {END_MARKER}" if on and ended else text
+
+
 class Discriminator:
     def __init__(self, neural=None, *, classical: bool = True, weights: tuple[float, float] = (1.0, 1.0),
                  pool_size: int = 4096, seed: int = 0):

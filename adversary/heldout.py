@@ -136,6 +136,12 @@ class HeldoutMeter:
         if is_main:
             row = {"step": step, **mean_rows([measure_heldout(self.data.heldout, s, self.cfg) for s in per_seed])}
             items = list(self.data.heldout) + sims
+            if self.cfg.disc_sees_end:  # the discriminator's own view: ends marked
+                from adversary.discriminator import with_end
+
+                items = [TurnRecord(id=r.id, context=r.context, user_turn=with_end(
+                    r.user_turn or "...", r.is_last if i < len(self.data.heldout) else r.meta.get("ended", False), True))
+                    for i, r in enumerate(items)]
             y = [1] * len(self.data.heldout) + [0] * len(sims)
             row["disc/heldout_acc"] = float(accuracy_score(y, (self.state.discriminator.score(items) > 0).astype(int)))
             if sim_convs is not None:

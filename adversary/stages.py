@@ -167,8 +167,14 @@ def fit_discriminator(cfg, disc, model, tokenizer, data: RunData, seed: int) -> 
     engine = Engine(inference_copy(model, cfg.dtype), tokenizer, batch_size=cfg.sim_batch_size, precision=cfg.dtype)
     sims = simulate_records(engine, contexts, heldout_settings(cfg), seed=seed + 2)
     del engine
-    sims = [TurnRecord(id=s.id + "@sim", context=s.context, user_turn=s.user_turn.strip() or "...") for s in sims]
-    items = list(contexts) + sims
+    from adversary.discriminator import with_end
+
+    on = cfg.disc_sees_end
+    sims = [TurnRecord(id=s.id + "@sim", context=s.context,
+                       user_turn=with_end(s.user_turn.strip() or "...", s.meta.get("ended", False), on)) for s in sims]
+    reals = [TurnRecord(id=r.id, context=r.context, user_turn=with_end(r.user_turn, r.is_last, on)) if on else r
+             for r in contexts]
+    items = reals + sims
     labels = np.asarray([1] * len(contexts) + [0] * len(sims))
     disc.fit(items, labels, epochs=cfg.disc_epochs)
     from sklearn.metrics import accuracy_score

@@ -56,7 +56,7 @@ def test_the_main_job_reads_both_levels_and_the_export_records_them(tmp_path):
     out = tmp_path / "conv"
     argv = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--output_dir", str(out), "--objective", "dpo_rounds",
             "--round_contexts", "8", "--dpo_batch_size", "4", "--dpo_micro_batch", "2", "--max_rounds", "1",
-            "--conv_contexts", "24", "--conv_max_turns", "2", "--gate_level", "conversation"]
+            "--conv_contexts", "24", "--conv_max_turns", "2", "--gate_level", "conversation", "--disc_sees_end", "true"]
     assert main(argv) == 0
     manifest = json.loads((out / "frozen" / "simulator.json").read_text())
     rows = manifest["td_curve"]
@@ -68,3 +68,11 @@ def test_the_main_job_reads_both_levels_and_the_export_records_them(tmp_path):
     assert best["td"] == best_row["conv/td"] and best["turn_td"] == best_row["td/panel"]
     assert best["conversation"]["conv/td"] == best_row["conv/td"]
     assert "conv/termination_f1" in (out / "curves.csv").read_text().splitlines()[0]
+
+
+def test_the_discriminator_sees_ending_only_when_asked():
+    from adversary.discriminator import with_end
+    from generator.prompts import END_MARKER
+
+    assert with_end("ok thanks", True, True) == f"ok thanks {END_MARKER}"
+    assert with_end("ok thanks", False, True) == "ok thanks" == with_end("ok thanks", True, False)

@@ -253,7 +253,10 @@ class RoundsObjective(Objective):
         del engine
         release_memory()
         samples = [turns[i * n_samples:(i + 1) * n_samples] for i in range(len(contexts))]
-        sims = [TurnRecord(id=f"{c.id}@sim{j}", context=c.context, user_turn=t.text or "...")
+        from adversary.discriminator import with_end
+
+        sims = [TurnRecord(id=f"{c.id}@sim{j}", context=c.context,
+                           user_turn=with_end(t.text or "...", t.ended, cfg.disc_sees_end))
                 for c, ts in zip(contexts, samples) for j, t in enumerate(ts)]
         scores = np.asarray(ph.state.discriminator.score(sims)).reshape(len(contexts), n_samples)
         return contexts, samples, scores
@@ -263,7 +266,11 @@ class RoundsObjective(Objective):
         context's real turn."""
         from adversary.cotrain import cotrain_round
 
-        fresh = [(c.context, ts[0].text or "...", c.user_turn, c.id) for c, ts in zip(contexts, samples)]
+        from adversary.discriminator import with_end
+
+        on = self.phase.cfg.disc_sees_end
+        fresh = [(c.context, with_end(ts[0].text or "...", ts[0].ended, on), with_end(c.user_turn, c.is_last, on), c.id)
+                 for c, ts in zip(contexts, samples)]
         cot = cotrain_round(self.phase.cfg, self.phase.state, fresh, step)
         return {k: v for k, v in cot.items() if k != "step"}
 
