@@ -13,13 +13,15 @@
    leaves DIR/runs/<arm>/ARM.json; rerunning an interrupted study reuses those arms and trains the rest.
 3. **Each arm's sampling temperature is chosen on validation contexts** (`temperatures`, by the fast panel's td),
    so that no arm wins by only learning a temperature.
-4. **Scoring**: each arm's final generator writes one turn for each of `study_contexts` held-out contexts (test
-   split) at its temperature; the detector panel (`study_detectors`) scores every arm on the same contexts; td
-   differences between arms get a paired bootstrap CI (contexts resampled jointly, the panel maximum recomputed on
-   each resample); realism diagnostics per arm.
+4. **Scoring** (adversary/study_scoring.py), each arm as soon as it is trained: its final generator writes one turn
+   for each of `study_contexts` held-out contexts (test split) at its temperature, once per fresh sampling seed
+   (`study_seeds`); the detector panel (`study_detectors`) scores every arm and seed on the same contexts; an arm's
+   td is the mean over its seeds, and td differences between arms get a paired bootstrap CI (contexts resampled
+   jointly for every arm and seed, the panel maximum recomputed on each resample); realism diagnostics per arm; with
+   `study_conversations`, each arm also continues held-out real conversations (conversation td, termination F1).
 
-Writes DIR/study.json, DIR/plateau.json, DIR/arms/<arm>.jsonl (each arm's simulated test turns), DIR/real.jsonl and
-DIR/study.png.
+Writes DIR/study.json, DIR/plateau.json, DIR/arms/<arm>.jsonl and <arm>.seed<N>.jsonl (each arm's simulated test
+turns per seed), DIR/arms/<arm>.score.json (the cached scoring), DIR/real.jsonl and DIR/study.png.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ if __package__ in (None, ""):
 
 from conversations.cli_util import friendly_errors
 from conversations.config import ConfigError
+from adversary.study_scoring import (_panel_td, paired_differences, score_arm,  # noqa: F401 (_panel_td: tests)
+                                     score_conversations)
 
 
 @dataclass
@@ -62,6 +66,10 @@ class StudyConfig:
         "help": "SFT steps of the shared warm start (0: warmstart_steps, no curve)."})
     plateau_eval_every: int = field(default=50, metadata={"help": "Steps between two readings of the plateau curve."})
     score_warmstart: bool = field(default=True, metadata={"help": "Also score the shared warm start as an arm."})
+    study_conversations: int = field(default=0, metadata={
+        "help": "Held-out real conversations each arm also continues, once per seed (the meter's conversation level: "
+                "conversation td, termination F1, ends and turns per real; adversary.conversation_meter); 0: turns "
+                "only. Cached per arm, so a rerun with it set adds the level to arms already scored."})
 
     def __post_init__(self):
         if not self.arms:
@@ -228,129 +236,6 @@ def run_adversarial_arm(cfg, args, study, data, start_model: str, out: Path) -> 
             "cotrain": state.cotrain_history}
 
 
-# --------------------------------------------------------------------------------------------------------- scoring
-
-
-def load_arm(model_dir: str, cfg, args):
-    from conversations.precision import inference_dtype
-    from generator.model import load_generator
-
-    return load_generator(model_dir, trust_remote_code=args.trust_remote_code, dtype=inference_dtype(cfg.dtype))
-
-
-def choose_temperature(model, tok, cfg, study, data, seed: int) -> tuple[float, dict]:
-    """The temperature with the lowest fast-panel td on the validation contexts (ties: the one nearest 1)."""
-    from adversary.heldout import heldout_settings, simulate_heldout
-    from discriminator.turing import measure_td
-
-    tds = {}
-    for t in study.temperatures:
-        sims = simulate_heldout(model, tok, data.val, cfg, precision=cfg.dtype, settings=heldout_settings(cfg, t))
-        tds[t] = measure_td(data.val, sims, detectors=("classical", "style"), folds=study.study_folds, seed=seed,
-                            n_boot=200)["td"]
-    best = min(tds, key=lambda t: (round(tds[t], 6), abs(t - 1.0)))
-    return best, tds
-
-
-def _panel_td(correct: np.ndarray, weights: np.ndarray) -> float:
-    """Panel td on a weighted resample: per detector accuracy, then the maximum |acc - 50|."""
-    acc = 100.0 * (correct * weights[None, :]).sum(1) / weights.sum()
-    return float(np.max(np.abs(acc - 50.0)))
-
-
-def _correct_and_contexts(oofs, ctx_index: dict) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Per seed: (D, n) booleans (detector right on item) and (n,) the item's context index."""
-    correct, ctx = [], []
-    for oof in oofs if isinstance(oofs, list) else [oofs]:
-        y = np.asarray(oof["labels"])
-        correct.append(np.stack([(np.asarray(v) > 0) == y for v in oof["scores"].values()]))
-        ctx.append(np.asarray([ctx_index[i.split("@")[0]] for i in oof["ids"]]))
-    return correct, ctx
-
-
-def paired_differences(reports: dict, real_ids: list[str], n_boot: int, seed: int) -> dict:
-    """td(arm) - td(other) for every pair of arms, each td the mean over its sampling seeds, with a 95% CI from
-    resampling held-out contexts jointly (the same resample for every arm and seed). `reports[arm]`: {"td", "oof":
-    one out-of-fold record or a list of them, one per seed}."""
-    from conversations.bootstrap import percentile_ci, resample_counts
-    from conversations.bootstrap import pooled_panel_td
-
-    ctx_index = {rid: i for i, rid in enumerate(real_ids)}
-    counts = resample_counts(len(real_ids), n_boot, seed)  # (B, n_ctx): contexts drawn jointly for every arm
-    boot = {arm: pooled_panel_td(*_correct_and_contexts(rep["oof"], ctx_index), counts) for arm, rep in reports.items()}
-    out = {}
-    names = list(reports)
-    for i, a in enumerate(names):
-        for b in names[i + 1:]:
-            diffs = boot[a] - boot[b]
-            lo, hi = percentile_ci(diffs)
-            out[f"{a}-{b}"] = {"td_difference": reports[a]["td"] - reports[b]["td"], "ci95": [float(lo), float(hi)],
-                               "share_of_resamples_a_lower": float(np.mean(diffs < 0))}
-    return out
-
-
-def score_arm(arm: str, res: dict, cfg, args, study, data, out: Path) -> tuple[dict, list[dict]]:
-    """The arm's temperature chosen on validation contexts, then one turn per test context for every fresh seed of
-    `study_seeds`, each seed scored by the panel: (the arm's summary, its out-of-fold records, one per seed). Cached
-    in OUT/arms/<arm>.score.json (a rerun of an interrupted study scores only the arms not yet scored); every seed's
-    turns in OUT/arms/<arm>.jsonl (the first seed) and <arm>.seed<N>.jsonl (the others), for re-scoring."""
-    from adversary.heldout import heldout_settings, simulate_heldout
-    from conversations.loaders import write_jsonl
-    from discriminator.turing import measure_td
-    from generator.diagnostics import jsonable, realism_diagnostics
-
-    cache = out / "arms" / f"{arm}.score.json"
-    if cache.exists():
-        doc = json.loads(cache.read_text())
-        print(f"arm {arm}: reusing its scoring ({cache})", flush=True)
-        return doc["summary"], doc["oof"]
-    t0 = time.time()
-    model, tok = load_arm(res["model_dir"], cfg, args)
-    temp, val_tds = choose_temperature(model, tok, cfg, study, data, args.seed)
-    per_seed, oofs, first = [], [], None
-    for i, seed in enumerate(study.study_seeds):
-        sims = simulate_heldout(model, tok, data.heldout, cfg, seed=seed, precision=cfg.dtype,
-                                settings=heldout_settings(cfg, temp))
-        write_jsonl(out / "arms" / (f"{arm}.jsonl" if i == 0 else f"{arm}.seed{seed}.jsonl"), sims)
-        rep = measure_td(data.heldout, sims, detectors=tuple(study.study_detectors), folds=study.study_folds,
-                         seed=args.seed, n_boot=study.n_boot, return_scores=True)
-        oof = rep.pop("oof")
-        oofs.append({"labels": np.asarray(oof["labels"]).tolist(), "ids": list(oof["ids"]),
-                     "scores": {d: np.asarray(v).tolist() for d, v in oof["scores"].items()}})
-        per_seed.append({"seed": seed, "td": rep["td"], "td_ci95": rep["td_ci95"], "auc": rep["auc"],
-                         "log_loss": rep.get("log_loss"), "headline_detector": rep["headline_detector"],
-                         "detectors": {d: {k: v.get(k) for k in ("td", "td_ci95", "auc", "log_loss")}
-                                       for d, v in rep["detectors"].items()}})
-        first = first or sims
-        print(f"arm {arm} seed {seed}: td {rep['td']:.1f} (95% CI {rep['td_ci95'][0]:.1f}-{rep['td_ci95'][1]:.1f}), "
-              f"auc {rep['auc']:.3f}, headline {rep['headline_detector']}", flush=True)
-    del model
-    from conversations.bootstrap import percentile_ci, resample_counts
-    from conversations.bootstrap import pooled_panel_td
-
-    ctx_index = {r.id: i for i, r in enumerate(data.heldout)}
-    boot = pooled_panel_td(*_correct_and_contexts(oofs, ctx_index), resample_counts(len(data.heldout), study.n_boot,
-                                                                                     args.seed))
-    tds = [r["td"] for r in per_seed]
-    mean = lambda key: float(np.mean([r[key] for r in per_seed if r[key] is not None]))  # noqa: E731
-    summary = {
-        "td": float(np.mean(tds)), "td_ci95": list(percentile_ci(boot)),
-        "td_sd_over_seeds": float(np.std(tds, ddof=1)) if len(tds) > 1 else 0.0, "auc": mean("auc"),
-        "log_loss": mean("log_loss"),
-        "detectors": {d: {m: float(np.mean([r["detectors"][d][m] for r in per_seed])) for m in ("td", "auc")}
-                      for d in per_seed[0]["detectors"]},
-        "headline_detector": per_seed[0]["headline_detector"], "per_seed": per_seed,
-        "temperature": temp, "val_td_by_temperature": val_tds,
-        "diagnostics": jsonable(realism_diagnostics(first, data.heldout)), "steps": res["steps"],
-        "train_wall_seconds": round(res["wall_seconds"], 1), "score_wall_seconds": round(time.time() - t0, 1),
-        "overrides": res.get("overrides", {}), "curve": res["curve"], "cotrain": res.get("cotrain", []),
-    }
-    cache.write_text(json.dumps({"summary": summary, "oof": oofs}, default=float))
-    print(f"arm {arm}: td {summary['td']:.1f} (mean of {len(tds)} seeds, sd {summary['td_sd_over_seeds']:.1f}; 95% CI "
-          f"{summary['td_ci95'][0]:.1f}-{summary['td_ci95'][1]:.1f}) at T={temp}", flush=True)
-    return summary, oofs
-
-
 @friendly_errors
 def main(argv=None) -> int:
     from adversary.stages import prepare_data
@@ -367,6 +252,7 @@ def main(argv=None) -> int:
     out = Path(args.output_dir)
     (out / "arms").mkdir(parents=True, exist_ok=True)
     cfg.heldout_contexts = study.study_contexts
+    cfg.conv_contexts = study.study_conversations  # prepare_data draws the held-out conversations
     if study.plateau_steps:
         cfg.warmstart_steps = study.plateau_steps  # the warm start's turns are drawn for the whole plateau run
     args.save_strategy = "no"
@@ -401,6 +287,9 @@ def main(argv=None) -> int:
                 (arm_out / "ARM.json").write_text(json.dumps(res, default=float))
                 print(f"arm {label}: {res['steps']} steps in {res['wall_seconds']:.0f}s", flush=True)
         summary[label], oofs = score_arm(label, res, cfg, args, study, data, out)
+        if study.study_conversations:
+            summary[label]["conversation"] = score_conversations(label, res, cfg, args, study, data, out,
+                                                                 summary[label]["temperature"])
         reports[label] = {"td": summary[label]["td"], "oof": oofs}
 
     diffs = paired_differences(reports, [r.id for r in data.heldout], study.n_boot, args.seed)

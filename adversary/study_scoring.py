@@ -1,0 +1,164 @@
+"""The study's scoring: each arm at the temperature it chose on validation contexts, one turn per test context for
+every fresh seed, scored by the fresh panel (and, with `study_conversations`, whole conversations); the paired
+differences between arms pool the seeds (contexts resampled jointly for every arm and seed). Every arm's scoring is
+cached under OUT/arms, so an interrupted study scores only what it has not."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def load_arm(model_dir: str, cfg, args):
+    from conversations.precision import inference_dtype
+    from generator.model import load_generator
+
+    return load_generator(model_dir, trust_remote_code=args.trust_remote_code, dtype=inference_dtype(cfg.dtype))
+
+
+def choose_temperature(model, tok, cfg, study, data, seed: int) -> tuple[float, dict]:
+    """The temperature with the lowest fast-panel td on the validation contexts (ties: the one nearest 1)."""
+    from adversary.heldout import heldout_settings, simulate_heldout
+    from discriminator.turing import measure_td
+
+    tds = {}
+    for t in study.temperatures:
+        sims = simulate_heldout(model, tok, data.val, cfg, precision=cfg.dtype, settings=heldout_settings(cfg, t))
+        tds[t] = measure_td(data.val, sims, detectors=("classical", "style"), folds=study.study_folds, seed=seed,
+                            n_boot=200)["td"]
+    best = min(tds, key=lambda t: (round(tds[t], 6), abs(t - 1.0)))
+    return best, tds
+
+
+def _panel_td(correct: np.ndarray, weights: np.ndarray) -> float:
+    """Panel td on a weighted resample: per detector accuracy, then the maximum |acc - 50|."""
+    acc = 100.0 * (correct * weights[None, :]).sum(1) / weights.sum()
+    return float(np.max(np.abs(acc - 50.0)))
+
+
+def _correct_and_contexts(oofs, ctx_index: dict) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per seed: (D, n) booleans (detector right on item) and (n,) the item's context index."""
+    correct, ctx = [], []
+    for oof in oofs if isinstance(oofs, list) else [oofs]:
+        y = np.asarray(oof["labels"])
+        correct.append(np.stack([(np.asarray(v) > 0) == y for v in oof["scores"].values()]))
+        ctx.append(np.asarray([ctx_index[i.split("@")[0]] for i in oof["ids"]]))
+    return correct, ctx
+
+
+def paired_differences(reports: dict, real_ids: list[str], n_boot: int, seed: int) -> dict:
+    """td(arm) - td(other) for every pair of arms, each td the mean over its sampling seeds, with a 95% CI from
+    resampling held-out contexts jointly (the same resample for every arm and seed). `reports[arm]`: {"td", "oof":
+    one out-of-fold record or a list of them, one per seed}."""
+    from conversations.bootstrap import percentile_ci, resample_counts
+    from conversations.bootstrap import pooled_panel_td
+
+    ctx_index = {rid: i for i, rid in enumerate(real_ids)}
+    counts = resample_counts(len(real_ids), n_boot, seed)  # (B, n_ctx): contexts drawn jointly for every arm
+    boot = {arm: pooled_panel_td(*_correct_and_contexts(rep["oof"], ctx_index), counts) for arm, rep in reports.items()}
+    out = {}
+    names = list(reports)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            diffs = boot[a] - boot[b]
+            lo, hi = percentile_ci(diffs)
+            out[f"{a}-{b}"] = {"td_difference": reports[a]["td"] - reports[b]["td"], "ci95": [float(lo), float(hi)],
+                               "share_of_resamples_a_lower": float(np.mean(diffs < 0))}
+    return out
+
+
+def score_arm(arm: str, res: dict, cfg, args, study, data, out: Path) -> tuple[dict, list[dict]]:
+    """The arm's temperature chosen on validation contexts, then one turn per test context for every fresh seed of
+    `study_seeds`, each seed scored by the panel: (the arm's summary, its out-of-fold records, one per seed). Cached
+    in OUT/arms/<arm>.score.json (a rerun of an interrupted study scores only the arms not yet scored); every seed's
+    turns in OUT/arms/<arm>.jsonl (the first seed) and <arm>.seed<N>.jsonl (the others), for re-scoring."""
+    from adversary.heldout import heldout_settings, simulate_heldout
+    from conversations.loaders import write_jsonl
+    from discriminator.turing import measure_td
+    from generator.diagnostics import jsonable, realism_diagnostics
+
+    cache = out / "arms" / f"{arm}.score.json"
+    if cache.exists():
+        doc = json.loads(cache.read_text())
+        print(f"arm {arm}: reusing its scoring ({cache})", flush=True)
+        return doc["summary"], doc["oof"]
+    t0 = time.time()
+    model, tok = load_arm(res["model_dir"], cfg, args)
+    temp, val_tds = choose_temperature(model, tok, cfg, study, data, args.seed)
+    per_seed, oofs, first = [], [], None
+    for i, seed in enumerate(study.study_seeds):
+        sims = simulate_heldout(model, tok, data.heldout, cfg, seed=seed, precision=cfg.dtype,
+                                settings=heldout_settings(cfg, temp))
+        write_jsonl(out / "arms" / (f"{arm}.jsonl" if i == 0 else f"{arm}.seed{seed}.jsonl"), sims)
+        rep = measure_td(data.heldout, sims, detectors=tuple(study.study_detectors), folds=study.study_folds,
+                         seed=args.seed, n_boot=study.n_boot, return_scores=True)
+        oof = rep.pop("oof")
+        oofs.append({"labels": np.asarray(oof["labels"]).tolist(), "ids": list(oof["ids"]),
+                     "scores": {d: np.asarray(v).tolist() for d, v in oof["scores"].items()}})
+        per_seed.append({"seed": seed, "td": rep["td"], "td_ci95": rep["td_ci95"], "auc": rep["auc"],
+                         "log_loss": rep.get("log_loss"), "headline_detector": rep["headline_detector"],
+                         "detectors": {d: {k: v.get(k) for k in ("td", "td_ci95", "auc", "log_loss")}
+                                       for d, v in rep["detectors"].items()}})
+        first = first or sims
+        print(f"arm {arm} seed {seed}: td {rep['td']:.1f} (95% CI {rep['td_ci95'][0]:.1f}-{rep['td_ci95'][1]:.1f}), "
+              f"auc {rep['auc']:.3f}, headline {rep['headline_detector']}", flush=True)
+    del model
+    from conversations.bootstrap import percentile_ci, resample_counts
+    from conversations.bootstrap import pooled_panel_td
+
+    ctx_index = {r.id: i for i, r in enumerate(data.heldout)}
+    boot = pooled_panel_td(*_correct_and_contexts(oofs, ctx_index), resample_counts(len(data.heldout), study.n_boot,
+                                                                                     args.seed))
+    tds = [r["td"] for r in per_seed]
+    mean = lambda key: float(np.mean([r[key] for r in per_seed if r[key] is not None]))  # noqa: E731
+    summary = {
+        "td": float(np.mean(tds)), "td_ci95": list(percentile_ci(boot)),
+        "td_sd_over_seeds": float(np.std(tds, ddof=1)) if len(tds) > 1 else 0.0, "auc": mean("auc"),
+        "log_loss": mean("log_loss"),
+        "detectors": {d: {m: float(np.mean([r["detectors"][d][m] for r in per_seed])) for m in ("td", "auc")}
+                      for d in per_seed[0]["detectors"]},
+        "headline_detector": per_seed[0]["headline_detector"], "per_seed": per_seed,
+        "temperature": temp, "val_td_by_temperature": val_tds,
+        "diagnostics": jsonable(realism_diagnostics(first, data.heldout)), "steps": res["steps"],
+        "train_wall_seconds": round(res["wall_seconds"], 1), "score_wall_seconds": round(time.time() - t0, 1),
+        "overrides": res.get("overrides", {}), "curve": res["curve"], "cotrain": res.get("cotrain", []),
+    }
+    cache.write_text(json.dumps({"summary": summary, "oof": oofs}, default=float))
+    print(f"arm {arm}: td {summary['td']:.1f} (mean of {len(tds)} seeds, sd {summary['td_sd_over_seeds']:.1f}; 95% CI "
+          f"{summary['td_ci95'][0]:.1f}-{summary['td_ci95'][1]:.1f}) at T={temp}", flush=True)
+    return summary, oofs
+
+
+def score_conversations(arm: str, res: dict, cfg, args, study, data, out: Path, temperature: float) -> dict:
+    """The arm at the conversation level, at its chosen temperature, once per seed: the mean over seeds of every
+    `conv/*` figure and each seed's row. Cached in OUT/arms/<arm>.conv.json."""
+    import copy as _copy
+
+    from adversary.conversation_meter import measure_conversations, simulate_heldout_conversations
+    from adversary.heldout import heldout_settings
+
+    cache = out / "arms" / f"{arm}.conv.json"
+    if cache.exists():
+        return json.loads(cache.read_text())
+    t0 = time.time()
+    model, tok = load_arm(res["model_dir"], cfg, args)
+    panel = _copy.copy(cfg)
+    panel.heldout_detectors, panel.heldout_folds = list(study.study_detectors), study.study_folds
+    rows = []
+    for seed in study.study_seeds:
+        sims = simulate_heldout_conversations(model, tok, data.heldout_convs, cfg, heldout_settings(cfg, temperature),
+                                              seed, precision=cfg.dtype)
+        rows.append({"seed": seed, **measure_conversations(data.heldout_convs, sims, panel, seed=args.seed)})
+    del model
+    keys = [k for k in rows[0] if k.startswith("conv/")]
+    doc = {**{k: float(np.nanmean([r[k] for r in rows])) for k in keys},
+           "conv/td_sd_over_seeds": float(np.std([r["conv/td"] for r in rows], ddof=1)) if len(rows) > 1 else 0.0,
+           "per_seed": rows, "seconds": round(time.time() - t0, 1)}
+    cache.write_text(json.dumps(doc, default=float))
+    print(f"arm {arm}: conversation td {doc['conv/td']:.1f}, termination F1 {doc['conv/termination_f1']:.2f}, "
+          f"ends/real {doc['conv/ends_per_real']:.2f} ({len(data.heldout_convs)} conversations x {len(rows)} seeds)",
+          flush=True)
+    return doc
