@@ -88,7 +88,14 @@ def test_study_smoke(tmp_path):
     assert [json.loads(x)["id"] for x in (out / "arms" / "sft.jsonl").read_text().splitlines()] == real_ids
     assert "grpo-sft" in study["differences"] and len(study["differences"]["dpo-sft"]["ci95"]) == 2
     assert (out / "study.png").stat().st_size > 5000
-    # a rerun reuses every trained and scored arm: the same table, nothing trained or scored again
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert r.returncode == 0 and r.stdout.count("reusing its scoring") == 4 and "training for" not in r.stdout
-    assert json.loads((out / "study.json").read_text())["differences"] == study["differences"]
+    # a rerun reuses every trained and scored arm (the same table, nothing trained or scored again) and, asked for
+    # the conversation level, adds it to each arm
+    r = subprocess.run(cmd + ["--study_conversations", "20"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.stdout.count("reusing its scoring") == 4 and "training for" not in r.stdout
+    again = json.loads((out / "study.json").read_text())
+    assert again["differences"] == study["differences"]
+    for arm in ("grpo", "dpo", "sft", "warmstart"):
+        conv = again["arms"][arm]["conversation"]
+        assert 0 <= conv["conv/td"] <= 50 and [s["seed"] for s in conv["per_seed"]] == [3001, 3002]
+        assert conv["conv/conversations"] == 20
