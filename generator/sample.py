@@ -45,6 +45,10 @@ def per_item(values, n: int, name: str) -> list:
     return values
 
 
+# an empty turn is drawn again up to this many times: the demo's export left 11 of 300 test contexts without a turn
+REDRAW_EMPTY = 2
+
+
 def user_turns(
     engine: Engine,
     contexts: Sequence[Messages],
@@ -54,19 +58,30 @@ def user_turns(
     personas: Sequence[str | None] | str | None = None,
     seed: int = 0,
     n: int = 1,
+    redraw_empty: int = REDRAW_EMPTY,
 ) -> list[SimulatedTurn]:
     """`n` sampled user turns per context (the messages before the user's turn, real orientation), context-major.
-    Same seed and inputs, same outputs; the caller's torch RNG is left alone."""
+    A turn that came out empty (no text: the simulator stopped or wrote the end marker at once; no real user sends
+    one) is drawn again, up to `redraw_empty` times, for those rows only. Same seed and inputs, same outputs; the
+    caller's torch RNG is left alone."""
     goals, personas = per_item(goals, len(contexts), "goals"), per_item(personas, len(contexts), "personas")
     prompts = [render_prompt(engine.tokenizer, c, persona=p, goal=g, max_context_tokens=settings.max_prompt_tokens)
                for c, g, p in zip(contexts, goals, personas)]
-    out = []
-    for c in engine.complete_texts(prompts, settings, seed=seed, n=n):
-        raw = clean_turn(c.text)
-        text, ended = strip_end_marker(raw)
-        # a marker cut off by the budget still counts as an end (strip_end_marker), and then the turn was not cut
-        out.append(SimulatedTurn(text=text.strip(), ended=ended, truncated=not c.stopped and not ended))
+    out = [_turn(c) for c in engine.complete_texts(prompts, settings, seed=seed, n=n)]
+    for attempt in range(1, redraw_empty + 1):
+        empty = [i for i, t in enumerate(out) if not t.text]
+        if not empty:
+            break
+        again = engine.complete_texts([prompts[i // n] for i in empty], settings, seed=seed + 104_729 * attempt)
+        for i, c in zip(empty, again):
+            out[i] = _turn(c)
     return out
+
+
+def _turn(c) -> SimulatedTurn:
+    text, ended = strip_end_marker(clean_turn(c.text))
+    # a marker cut off by the budget still counts as an end (strip_end_marker), and then the turn was not cut
+    return SimulatedTurn(text=text.strip(), ended=ended, truncated=not c.stopped and not ended)
 
 
 def simulate_records(engine: Engine, records: Sequence[TurnRecord], settings: SamplingSettings, *,

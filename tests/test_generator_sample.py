@@ -345,3 +345,29 @@ def test_nucleus_sampler_is_seeded_by_the_torch_rng():
     torch.manual_seed(3)
     b = NucleusSampler(1.0, 0.95)(scores.clone())
     assert torch.equal(a, b)
+
+
+def test_an_empty_turn_is_drawn_again_for_that_row_only(tiny_lm_path):
+    from generator.sample import user_turns
+
+    from generator.engine import Completion
+    from generator.model import load_generator
+
+    _, tok = load_generator(tiny_lm_path)
+
+    class Scripted:  # an engine whose first draw leaves row 1 empty, the redraw fills it
+        def __init__(self):
+            self.tokenizer, self.calls = tok, []
+
+        def complete_texts(self, prompts, settings, seed=0, n=1):
+            self.calls.append((len(prompts), seed))
+            texts = ["fix it", "", f"thanks {END_MARKER}"] if len(self.calls) == 1 else ["ok then"] * len(prompts)
+            return [Completion(ids=[1], text=t, stopped=True, stop_id=1) for t in texts[:len(prompts)]]
+
+    eng = Scripted()
+    turns = user_turns(eng, [[{"role": "assistant", "content": "hi"}]] * 3, SamplingSettings(), seed=5)
+    assert [t.text for t in turns] == ["fix it", "ok then", "thanks"] and turns[2].ended
+    assert eng.calls == [(3, 5), (1, 5 + 104_729)]  # one more draw, of the empty row alone, with its own seed
+    eng = Scripted()
+    assert [t.text for t in user_turns(eng, [[{"role": "assistant", "content": "hi"}]] * 3, SamplingSettings(),
+                                       redraw_empty=0)][1] == ""
