@@ -124,7 +124,8 @@ def cotrain_round(cfg, state, fresh: list, step: int, *, is_main: bool = True) -
                 losses.append(disc.update(batch, y))
     if n_updates:
         broadcast_module(disc.model)
-    row = {"step": step, "disc/acc": acc, "disc/loss": float(np.nanmean(losses)) if losses else None,
+    losses = [x for x in losses if x == x]  # a classical-only discriminator has no loss to report (NaN)
+    row = {"step": step, "disc/acc": acc, "disc/loss": float(np.mean(losses)) if losses else None,
            "disc/updates": n_updates, "disc/buffer": len(buffer.items)}
     state.cotrain_history.append(row)
     _check_collapse(state)
