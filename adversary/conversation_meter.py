@@ -1,6 +1,7 @@
 """The meter's conversation level: held-out real conversations continued by the simulator, read beside the turns.
 
-At every reading (`conv_contexts` > 0), each held-out real conversation (test split, opening with a user turn) is
+At every reading (`conv_contexts` > 0), each held-out real conversation (test split, opening with a user turn and
+with at least one more user turn, so the real side has a continuation to judge) is
 seeded with its first real user turn and continued by the simulator for up to `conv_max_turns` user turns against
 the replayed assistant (the real conversation's own replies, in order: every reading meets the same assistant, as
 `adversary.compare` does). The fresh detector panel then scores whole conversations (`discriminator.conversation`),
@@ -20,8 +21,9 @@ SEED_USER_TURNS = 1  # the real opening turn every continuation starts from
 
 
 def heldout_conversations(cfg, seed: int) -> list:
-    """`conv_contexts` real conversations of the test split that open with a user turn, drawn with `seed` (the
-    same split as the turn-level contexts: split by conversation id with the loaders' fractions)."""
+    """`conv_contexts` real conversations of the test split that open with a user turn and have another after it,
+    drawn with `seed` (the same split as the turn-level contexts: split by conversation id with the loaders'
+    fractions)."""
     import random
 
     from conversations import split_conversations
@@ -30,7 +32,10 @@ def heldout_conversations(cfg, seed: int) -> list:
     if not cfg.conv_contexts:
         return []
     convs = split_conversations(load_conversations_for(cfg.data), 0.05, 0.05)["test"]
-    convs = [c for c in convs if (body := [m for m in c.messages if m["role"] != "system"]) and body[0]["role"] == "user"]
+    # opening with a user turn and with at least one more: the real side of every item has a continuation to judge
+    # (a conversation the user ended after the opening has none; such openings are left out of this level)
+    convs = [c for c in convs if (body := [m for m in c.messages if m["role"] != "system"]) and body[0]["role"] == "user"
+             and sum(m["role"] == "user" for m in body) > SEED_USER_TURNS]
     n = min(cfg.conv_contexts, len(convs))
     return [convs[i] for i in sorted(random.Random(seed + 11).sample(range(len(convs)), n))]
 

@@ -55,7 +55,7 @@ def test_the_main_job_reads_both_levels_and_the_export_records_them(tmp_path):
 
     out = tmp_path / "conv"
     argv = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--output_dir", str(out), "--objective", "dpo_rounds",
-            "--round_contexts", "8", "--dpo_batch_size", "4", "--dpo_micro_batch", "2", "--max_rounds", "1",
+            "--round_contexts", "8", "--dpo_batch_size", "4", "--dpo_micro_batch", "2", "--max_rounds", "1", "--round_chosen", "real",
             "--conv_contexts", "24", "--conv_max_turns", "2", "--gate_level", "conversation", "--disc_sees_end", "true"]
     assert main(argv) == 0
     manifest = json.loads((out / "frozen" / "simulator.json").read_text())
