@@ -41,7 +41,7 @@ def parse_args(argv):
     ignored = ignored_keys(cfg.objective, set().union(*given))
     if ignored:
         print(f"objective {cfg.objective} does not read {', '.join(ignored)} (set for another objective): no effect",
-              flush=True)
+              file=sys.stderr, flush=True)
     return cfg, args
 
 

@@ -173,8 +173,8 @@ def checks(a, out: Path) -> list[Check]:
     return [
         Check("install", 300, install, install_dry),
         main_job("smoke_bf16", ["--config", smoke, "--dtype", "bf16"]),
-        main_job("demo_bf16", ["--config", demo, "--dtype", "bf16", "--max_steps", "6", "--eval_steps", "6",
-                               "--save_steps", "6", "--heldout_contexts", "128"], limit=240),
+        main_job("demo_bf16", ["--config", demo, "--dtype", "bf16", "--max_steps", "6",
+                               "--heldout_contexts", "128"], limit=240),
         main_job("vllm_colocate", ["--config", smoke, "--dtype", "bf16", "--use_vllm", "true", "--vllm_mode", "colocate",
                                    "--vllm_gpu_memory_utilization", "0.3"], limit=240),
         main_job("zero3", ["--config", smoke, "--dtype", "bf16"], accelerate_config="zero3.yaml"),

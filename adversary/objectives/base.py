@@ -214,6 +214,7 @@ class RoundsObjective(Objective):
             self.save_round(k, step)
             release_memory()
         ph.finish(step, ended or "max_steps")
+        ph.out.mkdir(parents=True, exist_ok=True)  # a budget spent before the first round leaves no round folder
         (ph.out / "rounds.json").write_text(json.dumps(figures, indent=2, default=float))
         return PhaseResult(model=ph.model, steps=step, curve=figures)
 
