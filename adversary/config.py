@@ -110,15 +110,15 @@ class AdversaryConfig:
                 "use_vllm). With use_vllm or under FSDP, TRL's own generation is used either way."})
     phase_seconds: float = field(default=0.0, metadata={
         "help": "Wall-time budget of the adversarial phase in seconds (0: none; the step/round budget still holds)."})
-    round_contexts: int = field(default=64, metadata={"help": "dpo_rounds: training contexts per round."})
-    round_samples: int = field(default=4, metadata={"help": "dpo_rounds: turns sampled per context."})
+    round_contexts: int = field(default=64, metadata={"help": "The rounds objectives (dpo_rounds, spin, resample_sft): training contexts per round."})
+    round_samples: int = field(default=4, metadata={"help": "dpo_rounds, spin: turns sampled per context."})
     round_chosen: str = field(default="sample", metadata={
         "help": "dpo_rounds: the chosen turn of a pair: sample (the most real-looking sample) or real (the real turn); "
                 "the rejected one is always the least real-looking sample."})
     round_min_margin: float = field(default=0.0, metadata={
         "help": "dpo_rounds: drop pairs whose discriminator log-odds differ by less than this."})
-    max_rounds: int = field(default=0, metadata={"help": "dpo_rounds: rounds at most (0: until max_steps or phase_seconds)."})
-    eval_rounds: int = field(default=1, metadata={"help": "dpo_rounds: held-out td every this many rounds."})
+    max_rounds: int = field(default=0, metadata={"help": "The rounds objectives: rounds at most (0: until max_steps or phase_seconds)."})
+    eval_rounds: int = field(default=1, metadata={"help": "The rounds objectives: held-out td every this many rounds."})
     dpo_beta: float = field(default=0.1, metadata={"help": "dpo_rounds: DPO beta (reference: the policy at the round's start)."})
     dpo_lr: float = field(default=5e-5, metadata={"help": "dpo_rounds: learning rate of the LoRA adapter."})
     dpo_sft_weight: float = field(default=0.0, metadata={

@@ -139,9 +139,9 @@ class HeldoutMeter:
             if self.cfg.disc_sees_end:  # the discriminator's own view: ends marked
                 from adversary.discriminator import with_end
 
-                items = [TurnRecord(id=r.id, context=r.context, user_turn=with_end(
-                    r.user_turn or "...", r.is_last if i < len(self.data.heldout) else r.meta.get("ended", False), True))
-                    for i, r in enumerate(items)]
+                ends = [r.is_last for r in self.data.heldout] + [s.meta.get("ended", False) for s in sims]
+                items = [TurnRecord(id=r.id, context=r.context, user_turn=with_end(r.user_turn or "...", e, True))
+                         for r, e in zip(items, ends)]
             y = [1] * len(self.data.heldout) + [0] * len(sims)
             row["disc/heldout_acc"] = float(accuracy_score(y, (self.state.discriminator.score(items) > 0).astype(int)))
             if sim_convs is not None:

@@ -35,8 +35,6 @@ class ResampleSFT(RoundsObjective):
                            user_turn=samples[i][j].text, is_last=samples[i][j].ended) for i, j in zip(rows, picked)]
         share = cfg.resample_real_share
         n_real = min(len(contexts), round(len(kept) * share / (1 - share))) if share < 1 else len(contexts)
-        if share == 0:
-            n_real = 0
         real = contexts[:n_real]
         steps, loss = self.sft(real + kept, ph.args.seed + k) if kept or real else (0, None)  # nothing usable: no step
         release_memory()
