@@ -26,7 +26,7 @@ RANGES = {
     "resample_candidates": ">= 2", "resample_real_share": "[0, 1]", "tailr_gamma": "[0, 1]", "heldout_contexts": ">= 20", "heldout_folds": ">= 2", "meter_seeds": ">= 1", "heldout_max_new_tokens": ">= 1",
     "sim_batch_size": ">= 1", "sim_temperature": "> 0", "sim_top_p": "(0, 1]", "gate_patience": ">= 1",
     "gate_min_delta": ">= 0", "gate_target_td": "[0, 50]", "gate_smooth": ">= 1", "conv_contexts": ">= 0",
-    "conv_max_turns": ">= 1",
+    "conv_max_turns": ">= 1", "end_calibration_contexts": ">= 8",
 }
 
 
@@ -169,6 +169,13 @@ class AdversaryConfig:
                 "conversation-level td (conv/td), termination F1, ends and turns per real, beside the turn-level "
                 "reading; 0 reads turns only."})
     conv_max_turns: int = field(default=4, metadata={"help": "Simulated user turns per held-out conversation at most."})
+    end_decision: str = field(default="sampled", metadata={
+        "help": "How the simulator's turns end a conversation: sampled (the end marker sampled with the text) or "
+                "calibrated (the decision drawn from the simulator's own P(end | context, turn) at a logit offset "
+                "solved at every reading so that its end rate on train contexts is the real users' rate inside the "
+                "conversation window; generator.ending). The conversation level and the export use it."})
+    end_calibration_contexts: int = field(default=64, metadata={
+        "help": "Train contexts (after an opening) the calibrated end decision's offset is solved on at each reading."})
     gate_level: str = field(default="turn", metadata={
         "help": "Which reading the gate freezes on and picks the best checkpoint by: turn (td/panel) or "
                 "conversation (conv/td; needs conv_contexts > 0)."})
@@ -202,6 +209,7 @@ class AdversaryConfig:
             (self.gate_level in ("turn", "conversation"), "gate_level", "gate_level must be turn or conversation"),
             (self.gate_level == "turn" or self.conv_contexts >= 20, "gate_level",
              "gate_level conversation needs conv_contexts >= 20 (the conversations it reads)"),
+            (self.end_decision in ("sampled", "calibrated"), "end_decision", "end_decision must be sampled or calibrated"),
             (self.dpo_batch_size % self.dpo_micro_batch == 0, "dpo_batch_size",
              "dpo_batch_size must be a multiple of dpo_micro_batch"),
         ]

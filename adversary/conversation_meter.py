@@ -40,6 +40,42 @@ def heldout_conversations(cfg, seed: int) -> list:
     return [convs[i] for i in sorted(random.Random(seed + 11).sample(range(len(convs)), n))]
 
 
+def end_calibration(cfg, train: list, seed: int) -> tuple[list, float | None]:
+    """(contexts, target rate) of the calibrated end decision (`end_decision: calibrated`): `end_calibration_contexts`
+    train records with an assistant reply before them (the simulator writes a turn after an opening, as in the window),
+    and the real users' end rate per turn inside the window, read on the train split's conversations."""
+    import random
+
+    from conversations import split_conversations
+    from generator.data import load_conversations_for
+    from generator.ending import window_end_rate
+
+    if cfg.end_decision != "calibrated" or not cfg.conv_contexts:
+        return [], None
+    after = [r for r in train if any(m["role"] == "assistant" for m in r.context)]  # not an opening request
+    picked = random.Random(seed + 13).sample(after, min(cfg.end_calibration_contexts, len(after)))
+    convs = split_conversations(load_conversations_for(cfg.data), 0.05, 0.05)["train"]
+    return picked, window_end_rate(convs, SEED_USER_TURNS, cfg.conv_max_turns)
+
+
+def calibrated_end_bias(model, tokenizer, records: list, cfg, settings, target: float, seed: int,
+                        precision: str | None = None) -> float:
+    """The logit offset at which the simulator (as it is now) ends `target` of its turns on `records`' contexts: its
+    own turns sampled at `settings`, their p_end read, the offset solved (generator.ending.solve_end_bias)."""
+    from generator.engine import Engine
+    from generator.ending import end_probabilities, solve_end_bias
+    from generator.prompts import render_prompt
+    from generator.sample import user_turns
+
+    engine = Engine(model, tokenizer, batch_size=cfg.sim_batch_size, precision=precision)
+    contexts = [r.context for r in records]
+    turns = user_turns(engine, contexts, settings.replace(end_bias=None) if settings.end_bias is not None else settings,
+                       seed=seed)
+    prompts = [render_prompt(tokenizer, c, max_context_tokens=settings.max_prompt_tokens) for c in contexts]
+    return solve_end_bias(end_probabilities(model, tokenizer, prompts, [t.text for t in turns], precision=precision),
+                          target)
+
+
 def simulate_heldout_conversations(model, tokenizer, convs: list, cfg, settings, seed: int, precision: str | None = None):
     """The simulator's continuations of `convs` at `settings` (the meter's) as
     `generator.dialogue.SimulatedConversation`s, ids the real ones'."""
@@ -100,4 +136,5 @@ def conversation_line(row: dict) -> str:
     f1 = row["conv/termination_f1"]
     return (f"; conversations: td {row['conv/td']:.1f} ({row['conv/ci_low']:.1f}-{row['conv/ci_high']:.1f}), "
             f"termination F1 {f1:.2f}, ends/real {row['conv/ends_per_real']:.2f}, turns/real "
-            f"{row['conv/turns_per_real']:.2f}")
+            f"{row['conv/turns_per_real']:.2f}"
+            + (f", end bias {row['conv/end_bias']:+.2f}" if "conv/end_bias" in row else ""))

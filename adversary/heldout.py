@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 
-from adversary.conversation_meter import (conversation_line, measure_conversations,
+from adversary.conversation_meter import (calibrated_end_bias, conversation_line, measure_conversations,
                                          simulate_heldout_conversations)
 from adversary.crashpoints import crash_point
 from conversations.schema import TurnRecord
@@ -128,7 +128,12 @@ class HeldoutMeter:
                                          precision=self.cfg.dtype) for s in seeds]
             # every rank continues the same conversations (the same seed): under sharded weights all ranks must
             # run the same forwards
-            sim_convs = simulate_heldout_conversations(model, self.tok, convs, self.cfg, heldout_settings(self.cfg),
+            settings, end_bias = heldout_settings(self.cfg), None
+            if convs and self.data.end_contexts:  # end_decision: calibrated
+                end_bias = calibrated_end_bias(model, self.tok, self.data.end_contexts, self.cfg, settings,
+                                               self.data.real_end_rate, seeds[0], precision=self.cfg.dtype)
+                settings = settings.replace(end_bias=end_bias)
+            sim_convs = simulate_heldout_conversations(model, self.tok, convs, self.cfg, settings,
                                                        seeds[0], precision=self.cfg.dtype) if convs else None
             del model  # the copy goes as the context closes, not when this method returns
         sims = per_seed[0]
@@ -146,6 +151,8 @@ class HeldoutMeter:
             row["disc/heldout_acc"] = float(accuracy_score(y, (self.state.discriminator.score(items) > 0).astype(int)))
             if sim_convs is not None:
                 row.update(measure_conversations(convs, sim_convs, self.cfg))
+                if end_bias is not None:
+                    row["conv/end_bias"] = end_bias
             row.update(extra or {})
             level = "conv/td" if self.cfg.gate_level == "conversation" else "td/panel"
             lo, hi = ("conv/ci_low", "conv/ci_high") if level == "conv/td" else ("td/ci_low", "td/ci_high")

@@ -31,6 +31,8 @@ class RunData:
     val: list[TurnRecord]  # val split: choices made before the test split is looked at (temperature, plateau)
     fingerprint: str
     heldout_convs: list = field(default_factory=list)  # test split: whole conversations the meter continues (conv_contexts)
+    end_contexts: list = field(default_factory=list)  # train: contexts the calibrated end decision is solved on
+    real_end_rate: float | None = None  # train: real users' end rate per turn inside the conversation window
 
 
 def prepare_data(cfg, seed: int, *, val_contexts: int = 0) -> RunData:
@@ -65,10 +67,12 @@ def prepare_data(cfg, seed: int, *, val_contexts: int = 0) -> RunData:
         raise DataError(f"the train split has {len(train)} turns, fewer than the run draws ({sizes}); lower "
                         "warmstart_steps, disc_init_items or train_contexts", cfg.data)
     rest = [train[i] for i in order[at:]]
-    from adversary.conversation_meter import heldout_conversations
+    from adversary.conversation_meter import end_calibration, heldout_conversations
 
+    end_contexts, real_end_rate = end_calibration(cfg, rest, seeds["train_order"])
     return RunData(train=train, rest=rest, heldout=heldout, val=val, fingerprint=fingerprint(train + heldout),
-                   heldout_convs=heldout_conversations(cfg, seeds["heldout"]), **cut)
+                   heldout_convs=heldout_conversations(cfg, seeds["heldout"]), end_contexts=end_contexts,
+                   real_end_rate=real_end_rate, **cut)
 
 
 def base_model_td(cfg, args, data: RunData) -> dict | None:
@@ -256,7 +260,9 @@ def manifest(cfg, args, data: RunData, state, start_model: str, base: dict | Non
                  "turn_td": best_row.get("td/panel"),  # both levels of the best reading, whichever the gate read
                  "conversation": {k: v for k, v in best_row.items() if k.startswith("conv/")} or None},
         "gate": {"reason": gate.reason, "description": gate.describe()}, "base_model_td": base,
-        "prompt_format_version": PROMPT_FORMAT_VERSION, "sampling": heldout_settings(cfg).to_dict(),
+        "prompt_format_version": PROMPT_FORMAT_VERSION,
+        # the calibrated end decision's offset of the best reading (none: the marker as sampled)
+        "sampling": heldout_settings(cfg).replace(end_bias=best_row.get("conv/end_bias")).to_dict(),
         "precision": cfg.dtype, "objective": cfg.objective, "torch": torch.__version__,
     }
 

@@ -135,12 +135,16 @@ class LMUser:
                        for c in done[i * k:(i + 1) * k]] for i, r in enumerate(requests)]
             keep = self.guide.pick(groups, np.random.default_rng(seed))
             done = [done[i * k + j] for i, j in enumerate(keep)]
-        out = []
-        for p, c in zip(ids, done):
-            text, ended = strip_end_marker(clean_turn(c.text))
-            out.append(UserTurn(text=text.strip() or EMPTY_REPLY, prompt_tokens=len(p), completion_tokens=len(c.ids),
-                                truncated=not c.stopped and not ended, ended=ended))
-        return out
+        cut = [strip_end_marker(clean_turn(c.text)) for c in done]
+        ends = [e for _, e in cut]
+        if s.end_bias is not None:  # the export's calibrated end decision (generator.ending)
+            from generator.ending import end_decisions
+            from generator.sample import END_DECISION_SEED
+
+            ends = end_decisions(self.engine, prompts, [t.strip() for t, _ in cut], s.end_bias, seed + END_DECISION_SEED)
+        return [UserTurn(text=text.strip() or EMPTY_REPLY, prompt_tokens=len(p), completion_tokens=len(c.ids),
+                         truncated=not c.stopped and not marked, ended=ended)
+                for p, c, (text, marked), ended in zip(ids, done, cut, ends)]
 
     def reply(self, requests, settings: SamplingSettings | None = None):
         return [t.text for t in self.turns(requests, settings)]

@@ -47,6 +47,7 @@ def per_item(values, n: int, name: str) -> list:
 
 # an empty turn is drawn again up to this many times: the demo's export left 11 of 300 test contexts without a turn
 REDRAW_EMPTY = 2
+END_DECISION_SEED = 7_919  # the end decisions' draws: their own stream beside the text's seed
 
 
 def user_turns(
@@ -75,6 +76,12 @@ def user_turns(
         again = engine.complete_texts([prompts[i // n] for i in empty], settings, seed=seed + 104_729 * attempt)
         for i, c in zip(empty, again):
             out[i] = _turn(c)
+    if settings.end_bias is not None:  # the end decision drawn apart from the text (generator.ending)
+        from generator.ending import end_decisions
+
+        ends = end_decisions(engine, [prompts[i // n] for i in range(len(out))], [t.text for t in out],
+                             settings.end_bias, seed + END_DECISION_SEED)
+        out = [SimulatedTurn(text=t.text, ended=e, truncated=t.truncated) for t, e in zip(out, ends)]
     return out
 
 

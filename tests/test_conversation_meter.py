@@ -56,7 +56,8 @@ def test_the_main_job_reads_both_levels_and_the_export_records_them(tmp_path):
     out = tmp_path / "conv"
     argv = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--output_dir", str(out), "--objective", "dpo_rounds",
             "--round_contexts", "8", "--dpo_batch_size", "4", "--dpo_micro_batch", "2", "--max_rounds", "1", "--round_chosen", "real",
-            "--conv_contexts", "24", "--conv_max_turns", "2", "--gate_level", "conversation", "--disc_sees_end", "true"]
+            "--conv_contexts", "24", "--conv_max_turns", "2", "--gate_level", "conversation", "--disc_sees_end", "true",
+            "--end_decision", "calibrated", "--end_calibration_contexts", "8"]
     assert main(argv) == 0
     manifest = json.loads((out / "frozen" / "simulator.json").read_text())
     rows = manifest["td_curve"]
@@ -68,6 +69,9 @@ def test_the_main_job_reads_both_levels_and_the_export_records_them(tmp_path):
     assert best["td"] == best_row["conv/td"] and best["turn_td"] == best_row["td/panel"]
     assert best["conversation"]["conv/td"] == best_row["conv/td"]
     assert "conv/termination_f1" in (out / "curves.csv").read_text().splitlines()[0]
+    # the calibrated end decision: an offset solved at every reading, the best reading's in the export's settings
+    assert all(-20 <= r["conv/end_bias"] <= 20 for r in rows)
+    assert manifest["sampling"]["end_bias"] == best_row["conv/end_bias"]
 
 
 def test_the_discriminator_sees_ending_only_when_asked():

@@ -19,6 +19,9 @@ class SamplingSettings:
     top_k: int = 0  # 0: off
     min_new_tokens: int = 1  # stop tokens are masked before this many tokens
     max_prompt_tokens: int | None = None  # prompt budget, older messages dropped from the left (None: no limit)
+    # how a turn ends the conversation: None, the end marker as sampled with the text; a number, the decision drawn
+    # from the model's own P(end | context, turn) at this logit offset (generator.ending; a calibrated run records it)
+    end_bias: float | None = None
 
     def __post_init__(self):
         checks = [
@@ -29,6 +32,8 @@ class SamplingSettings:
             (self.min_new_tokens >= 0, f"min_new_tokens must be >= 0, got {self.min_new_tokens}"),
             (self.max_prompt_tokens is None or self.max_prompt_tokens >= 16,
              f"max_prompt_tokens must be >= 16 (or null), got {self.max_prompt_tokens}"),
+            (self.end_bias is None or abs(self.end_bias) <= 20,
+             f"end_bias must be a logit offset in [-20, 20] (or null: the marker as sampled), got {self.end_bias}"),
         ]
         for ok, msg in checks:
             if not ok:

@@ -1,0 +1,121 @@
+"""The end decision read from the simulator itself: P(end | context, turn) from one teacher-forced forward.
+
+The simulator ends a conversation by writing END_SEPARATOR + END_MARKER after its turn's text (the SFT target of a
+conversation's last turn, `generator.prompts.target_text`). Sampled token by token at a temperature below 1 and under
+a nucleus, that minority continuation is cut further than the model's own estimate: the demo's simulator ended 7-22%
+as often as real users inside the meter's window. `end_probabilities` reads the model's estimate directly,
+
+    p_end = P(sep + marker + eos | prompt, text) / (P(sep + marker + eos | prompt, text) + P(eos | prompt, text)),
+
+the two ways a turn with this text can finish, renormalised (one forward over prompt + text + sep + marker + eos per
+turn, batched). `decide_ends` draws the decision from it with a logit offset (`end_bias`), so the decision can be
+calibrated on held-out conversations without touching how the text is sampled.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from generator.prompts import END_MARKER, END_SEPARATOR
+
+
+def end_probabilities(model, tokenizer, prompts: Sequence[str], texts: Sequence[str], *, batch_size: int = 32,
+                      precision: str | None = None) -> np.ndarray:
+    """p_end (see the module docstring) for each (rendered prompt, turn text), shape (N,). The text is the turn
+    without its marker."""
+    import contextlib
+
+    import torch
+
+    from conversations.precision import autocast
+
+    eos = tokenizer.eos_token_id
+    suffix = tokenizer(END_SEPARATOR + END_MARKER, add_special_tokens=False)["input_ids"] + [eos]
+    rows, cuts = [], []
+    for p, t in zip(prompts, texts):
+        head = tokenizer(p, add_special_tokens=False)["input_ids"] + tokenizer(t, add_special_tokens=False)["input_ids"]
+        rows.append(head + suffix)
+        cuts.append(len(head))  # the first position predicted after the text
+    device = next(model.parameters()).device
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    out = np.zeros(len(rows))
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+    weights = next(model.parameters()).dtype
+    # as the engine: fp32 weights under the process precision's autocast, bf16 ones as they are
+    cast = contextlib.nullcontext() if precision in (None, "fp32") or weights != torch.float32 else autocast(precision, device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode(), cast:
+            for s in range(0, len(order), batch_size):
+                idx = order[s: s + batch_size]
+                width = max(len(rows[i]) for i in idx)
+                ids = torch.full((len(idx), width), pad, dtype=torch.long)
+                mask = torch.zeros((len(idx), width), dtype=torch.long)
+                for j, i in enumerate(idx):  # left padding: every row's suffix ends at the last column
+                    ids[j, width - len(rows[i]):] = torch.tensor(rows[i])
+                    mask[j, width - len(rows[i]):] = 1
+                logp = torch.log_softmax(model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float(),
+                                         -1)  # (B, T, V)
+                for j, i in enumerate(idx):
+                    first = width - len(rows[i]) + cuts[i] - 1  # the position whose next token follows the text
+                    pos = torch.arange(first, first + len(suffix), device=device)
+                    lp_end = logp[j, pos, torch.tensor(suffix, device=device)].sum()
+                    lp_eos = logp[j, first, eos]
+                    out[i] = torch.sigmoid(lp_end - lp_eos).item()
+    finally:
+        model.train(was_training)
+    return out
+
+
+def end_decisions(engine, prompts: Sequence[str], texts: Sequence[str], end_bias: float, seed: int) -> list[bool]:
+    """The end decision of each sampled turn (rendered prompt, text without its marker) on `engine`'s model: drawn at
+    logit(p_end) + `end_bias`; an empty turn never ends. Every caller with `SamplingSettings.end_bias` set comes here."""
+    p_end = end_probabilities(engine.model, engine.tokenizer, prompts, texts, precision=engine.precision)
+    return [bool(e and t) for e, t in zip(decide_ends(p_end, end_bias, seed), texts)]
+
+
+def decide_ends(p_end: np.ndarray, end_bias: float, seed: int) -> np.ndarray:
+    """Bernoulli draws of the end decision at logit(p_end) + end_bias, shape (N,) bool; the same seed, the same
+    draws."""
+    p = np.clip(np.asarray(p_end, dtype=float), 1e-9, 1 - 1e-9)
+    q = 1 / (1 + np.exp(-(np.log(p / (1 - p)) + end_bias)))
+    return np.random.default_rng(seed).random(len(q)) < q
+
+
+def solve_end_bias(p_end: np.ndarray, target_rate: float) -> float:
+    """The logit offset at which the mean end probability of `p_end` (the simulator's own turns) is `target_rate`
+    (bisection: the mean is increasing in the offset), clipped to [-20, 20]."""
+    if not 0 < target_rate < 1:
+        raise ValueError(f"target_rate must be in (0, 1), got {target_rate}")
+    p = np.clip(np.asarray(p_end, dtype=float), 1e-9, 1 - 1e-9)
+    logit = np.log(p / (1 - p))
+    lo, hi = -20.0, 20.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if np.mean(1 / (1 + np.exp(-(logit + mid)))) < target_rate:
+            lo = mid
+        else:
+            hi = mid
+    return round((lo + hi) / 2, 4)
+
+
+def window_end_rate(convs, seed_user_turns: int, max_turns: int) -> float:
+    """Real users' end rate per user turn inside a window of `max_turns` turns after `seed_user_turns` opening ones:
+    the ends inside the window over the turns inside it, over conversations with a turn after the opening (the
+    conversation meter's population)."""
+    ends = turns = 0
+    for c in convs:
+        body = [m for m in c.messages if m["role"] != "system"]
+        if not body or body[0]["role"] != "user":
+            continue
+        after = sum(m["role"] == "user" for m in body) - seed_user_turns
+        if after < 1:
+            continue
+        turns += min(after, max_turns)
+        ends += after <= max_turns
+    if not turns:
+        raise ValueError("no conversation has a user turn after the opening")
+    return ends / turns
