@@ -36,20 +36,14 @@ class EngineSimulator:
     """A local simulator (hf: or frozen:) behind the two calls the comparison needs."""
 
     def __init__(self, spec: str, precision: str, batch_size: int, settings):
-        from conversations.precision import inference_dtype
-        from generator.engine import Engine, SamplingSettings
+        from adversary.export import load_local_simulator
+        from generator.engine import SamplingSettings
 
         kind, _, rest = spec.partition(":")
-        if kind == "frozen":
-            from adversary.export import load_frozen
-
-            model, tok, manifest = load_frozen(rest, dtype=inference_dtype(precision))
-            settings = SamplingSettings.from_dict(manifest["sampling"]) if manifest.get("sampling") else settings
-        else:
-            from generator.model import load_generator
-
-            model, tok = load_generator(rest, dtype=inference_dtype(precision))
-        self.engine, self.settings, self.spec = Engine(model, tok, batch_size=batch_size, precision=precision), settings, spec
+        self.engine, manifest = load_local_simulator(kind, rest, precision=precision, batch_size=batch_size)
+        if manifest and manifest.get("sampling"):  # an export at the settings it was measured with
+            settings = SamplingSettings.from_dict(manifest["sampling"])
+        self.settings, self.spec = settings, spec
 
     def turns(self, records, seed: int):
         from generator.sample import simulate_records

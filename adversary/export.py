@@ -156,6 +156,35 @@ def load_frozen(path: str | Path, device: str | None = None, dtype="auto"):
     return model, tok, read_manifest(path)
 
 
+def load_local_simulator(kind: str, path: str, *, precision: str, batch_size: int, device: str | None = None):
+    """(engine, manifest) of a local simulator: `frozen` (an export, hashes checked, its prompt format compared with
+    this code's; the manifest returned) or `hf` (any causal LM prompted as a user; manifest None), its weights in the
+    inference dtype of `precision`. The one loader behind `adversary.compare` and `agent_rl.users.load_simulator`."""
+    import logging
+
+    from conversations.precision import inference_dtype
+    from generator.engine import Engine
+
+    if kind == "frozen":
+        from generator.prompts import PROMPT_FORMAT_VERSION
+
+        model, tok, manifest = load_frozen(path, device=device, dtype=inference_dtype(precision))
+        trained_with = manifest.get("prompt_format_version")
+        if trained_with is not None and str(trained_with) != PROMPT_FORMAT_VERSION:
+            logging.getLogger("adversary.export").warning(
+                "%s was trained with prompt format %s but this code renders format %s: its replies may degrade",
+                path, trained_with, PROMPT_FORMAT_VERSION)
+    elif kind == "hf":
+        from generator.model import load_generator
+
+        if not path:
+            raise DataError("hf: needs a model, e.g. hf:smollm2-135m-instruct")
+        (model, tok), manifest = load_generator(path, device=device, dtype=inference_dtype(precision)), None
+    else:
+        raise DataError(f"a local simulator is frozen:DIR or hf:MODEL, got '{kind}:{path}'")
+    return Engine(model, tok, batch_size=batch_size, precision=precision), manifest
+
+
 @friendly_errors
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m adversary.export", description=__doc__,

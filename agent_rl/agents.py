@@ -110,6 +110,13 @@ class EpisodeTokens:
         return self.ids[self.prompt_len :]
 
 
+# The agent's sampling: one named choice per use, read by agent_rl/train.py and agent_rl.evaluate. GRPO's rollouts
+# sample the policy as it is (temperature 1, no nucleus): the log-probabilities it reinforces are then those of the
+# tokens' own distribution (a nucleus would train on a truncated one). Evaluation samples as a deployed agent does.
+ROLLOUT_TEMPERATURE, ROLLOUT_TOP_P = 1.0, 1.0
+EVAL_TEMPERATURE, EVAL_TOP_P = 0.7, 0.95
+
+
 class PolicyAgent:
     """A causal LM agent on the generation engine: one engine call for all live episodes (the shared system prompt
     is run once per batch, finished turns leave the batch)."""
@@ -121,8 +128,8 @@ class PolicyAgent:
         spec: str = "policy",
         *,
         max_new_tokens: int = 64,
-        temperature: float = 0.7,
-        top_p: float = 0.95,
+        temperature: float = EVAL_TEMPERATURE,
+        top_p: float = EVAL_TOP_P,
         batch_size: int = 16,
         max_seq_len: int = 4096,
         seed: int = 0,

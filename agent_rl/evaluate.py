@@ -25,6 +25,7 @@ from conversations.cli_util import friendly_errors
 from conversations.config import ConfigError, parse_config
 
 from agent_rl import stats
+from agent_rl.agents import EVAL_TEMPERATURE
 from agent_rl.gyms import SPLITS, resolve_gyms
 from agent_rl.users import UserSamplingArgs
 
@@ -46,7 +47,8 @@ class RunArgs(UserSamplingArgs):
     max_turns: int = field(default=0, metadata={"help": "turn limit for every gym (0: each gym's own)"})
     max_live: int = field(default=32, metadata={"help": "episodes run in lock step at once"})
     agent_max_new_tokens: int = 64
-    agent_temperature: float = 0.7
+    agent_temperature: float = field(default=EVAL_TEMPERATURE, metadata={
+        "help": "agent sampling temperature (top-p 0.95): as deployed; training rollouts sample at 1 (agent_rl.agents)"})
     agent_batch_size: int = 16
     seed: int = 0
     device: str | None = None

@@ -34,6 +34,9 @@ class AgentSFTArgs:
     lora_r: int = 16
     lora_alpha: int = 32
     dtype: str = field(default="auto", metadata={"help": "precision: auto, bf16 or fp32"})
+    curve_every: int = field(default=0, metadata={
+        "help": "every N steps, the loss and token accuracy on the oracle's turns of the test tasks (never trained "
+                "on), written as the curve in agent_sft.json (0: no curve)"})
 
     def __post_init__(self):
         from agent_rl.gyms import resolve_gyms
@@ -41,7 +44,7 @@ class AgentSFTArgs:
         from conversations.config import check_ranges
         from conversations.precision import normalise_dtype
 
-        check_ranges(self, {"max_turns": ">= 0", "lora_r": ">= 1", "lora_alpha": "> 0"})
+        check_ranges(self, {"max_turns": ">= 0", "lora_r": ">= 1", "lora_alpha": "> 0", "curve_every": ">= 0"})
         check_model_name(self.agent_model, "agent_model")
         self.dtype = normalise_dtype(self.dtype)
         self.gym_list = resolve_gyms(self.gyms)
@@ -79,13 +82,22 @@ def train(args: AgentSFTArgs, sft) -> dict:
     model, tok = load_generator(args.agent_model)
     prepare_training(model, pick_device(), sft.max_length)
     data = Dataset.from_list([{"prompt": r["prompt"], "completion": r["completion"]} for r in rows])
-    trainer = SFTTrainer(model=model, args=sft, train_dataset=data, processing_class=tok,
+    held = None
+    if args.curve_every:  # the curve: the oracle's turns on tasks the agent never trains on
+        held = Dataset.from_list([{"prompt": r["prompt"], "completion": r["completion"]}
+                                  for r in oracle_examples(args.gym_list, args.max_turns or None, split="test")])
+        sft.eval_strategy, sft.eval_steps = "steps", args.curve_every
+    trainer = SFTTrainer(model=model, args=sft, train_dataset=data, eval_dataset=held, processing_class=tok,
                          peft_config=lora_config(args.lora_r, args.lora_alpha))
+    before = [{"step": 0, **trainer.evaluate()}] if held is not None else []  # the curve's step 0: no update yet
     result = trainer.train()
     trainer.save_model(sft.output_dir)
     summary = {"output_dir": sft.output_dir, "examples": len(rows), "by_gym": {g: sum(r["gym"] == g for r in rows)
                for g in args.gym_list}, "steps": int(result.global_step), "train_loss": float(result.training_loss),
-               "train_runtime_s": round(float(result.metrics.get("train_runtime", 0.0)), 1)}
+               "train_runtime_s": round(float(result.metrics.get("train_runtime", 0.0)), 1),
+               "curve": [{"step": int(h.get("step", 0)), "eval_loss": h["eval_loss"],
+                          "eval_token_accuracy": h.get("eval_mean_token_accuracy")}
+                         for h in before + trainer.state.log_history if "eval_loss" in h]}
     if trainer.accelerator.is_main_process:
         (Path(sft.output_dir) / "agent_sft.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -3,6 +3,9 @@
 UserRL's score: per gym, the mean over episodes of the summed turn rewards x 100; overall = the mean over gyms
 (unweighted). CIs are 95% percentile bootstraps with a fixed seed; the overall one resamples episodes within each gym
 (stratified), so every resample keeps all gyms.
+
+Not `scipy.stats.bootstrap(paired=True)`: it resamples one flat sample, not episodes within each gym (the stratified
+overall score), and the reported CIs were drawn from `conversations.bootstrap`'s one seeded stream.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from conversations.config import ConfigError, dump_config, parse_config  # noqa:
 from conversations.seeds import derive_seed  # noqa: E402
 
 from agent_rl.credit import TRAJECTORY_SCORES, TURN_CREDITS, trajectory_score, turn_credits  # noqa: E402
+from agent_rl.agents import ROLLOUT_TEMPERATURE, ROLLOUT_TOP_P  # noqa: E402
 from agent_rl.users import UserSamplingArgs  # noqa: E402
 
 log = logging.getLogger("agent_rl.train")
@@ -59,8 +60,9 @@ class AgentRLArgs(UserSamplingArgs):
                           "training-only shaping term for agents that have not been taught the protocol (0: off)"},
     )
     agent_max_new_tokens: int = field(default=48, metadata={"help": "token limit of one agent turn"})
-    agent_temperature: float = field(default=1.0, metadata={"help": "agent sampling temperature during rollouts"})
-    agent_top_p: float = 1.0
+    agent_temperature: float = field(default=ROLLOUT_TEMPERATURE, metadata={
+        "help": "agent sampling temperature during rollouts (1: the policy as it is; agent_rl.agents says why)"})
+    agent_top_p: float = field(default=ROLLOUT_TOP_P, metadata={"help": "agent nucleus mass during rollouts (1: off)"})
     max_seq_len: int = field(default=2048, metadata={"help": "an episode's token limit (prompt + all turns)"})
     lora_r: int = 16
     lora_alpha: int = 32

@@ -19,7 +19,6 @@ A bare folder path holding simulator.json is read as `frozen:`.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, Sequence
@@ -29,7 +28,6 @@ from generator.engine import SamplingSettings
 
 from agent_rl.gyms import ORACLE, TERSE, UserRequest, get_gym
 
-log = logging.getLogger("agent_rl.users")
 SCRIPTED_MODES = (ORACLE, TERSE)
 EMPTY_REPLY = "..."  # what the agent sees when an LM user writes nothing: an empty message would vanish in templates
 
@@ -234,7 +232,7 @@ def load_simulator(spec: str, settings: SamplingSettings | None = None, *, batch
     """A user simulator from its spec (see the module docstring). `settings` None: a frozen export's own settings
     (what it was trained and measured with), else `DEFAULT_SETTINGS`. LM weights load in the process precision for
     inference (`conversations.precision`: bf16 on a CPU where bf16 is fast)."""
-    from conversations.precision import inference_dtype, resolve_precision
+    from conversations.precision import resolve_precision
 
     check_simulator_spec(spec)
     spec, guidance = split_guidance(spec)
@@ -245,30 +243,15 @@ def load_simulator(spec: str, settings: SamplingSettings | None = None, *, batch
     if kind == "scripted":
         return ScriptedUser(rest)
     if kind in ("frozen", "hf"):
-        from generator.engine import Engine
+        from adversary.export import load_local_simulator
 
-        precision = resolve_precision(dtype, device)
+        engine, manifest = load_local_simulator(kind, rest, precision=resolve_precision(dtype, device),
+                                                batch_size=batch_size, device=device)  # an export's hashes first
         if kind == "frozen":
-            from adversary.export import load_frozen
-
-            from generator.prompts import PROMPT_FORMAT_VERSION
-
-            model, tok, manifest = load_frozen(rest, device=device, dtype=inference_dtype(precision))  # hashes first
-            trained_with = manifest.get("prompt_format_version")
-            if trained_with is not None and str(trained_with) != PROMPT_FORMAT_VERSION:
-                log.warning("%s was trained with prompt format %s but this code renders format %s: its replies may "
-                            "degrade", rest, trained_with, PROMPT_FORMAT_VERSION)
-            engine = Engine(model, tok, batch_size=batch_size, precision=precision)
             guide = _load_guide(rest, manifest, guidance)
             label = f"frozen:{rest}" + (f"#guidance={guide.k}" if guide else "") + (f"#persona={persona}" if persona else "")
             return LMUser(engine, label, settings, manifest, seed=seed, persona=persona or None, guide=guide)
-        from generator.model import load_generator
-
-        if not rest:
-            raise DataError("hf: needs a model, e.g. hf:smollm2-135m-instruct")
-        model, tok = load_generator(rest, device=device, dtype=inference_dtype(precision))
-        return LMUser(Engine(model, tok, batch_size=batch_size, precision=precision), spec, settings, seed=seed,
-                      persona=persona or None)
+        return LMUser(engine, spec, settings, seed=seed, persona=persona or None)
     if kind == "openai":
         model, at, url = rest.partition("@")
         if not model or not at or not url:

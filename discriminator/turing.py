@@ -156,26 +156,17 @@ def fold_groups(items: Sequence[TurnRecord]) -> np.ndarray:
     Two items are linked when they share a (non-empty) context (`context_key`), when their turns are the same text up
     to case and whitespace, or when one's context contains the other's context and turn (two turns of one
     conversation: the later item's context holds the earlier turn verbatim)."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
     n = len(items)
-    parent = list(range(n))
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    def union(i: int, j: int) -> None:
-        ri, rj = find(i), find(j)
-        if ri != rj:
-            parent[max(ri, rj)] = min(ri, rj)
-
+    edges: list[tuple[int, int]] = []
     first_by_key: dict[Any, int] = {}
 
     def link(key: Any, i: int) -> None:
         j = first_by_key.setdefault(key, i)
         if j != i:
-            union(i, j)
+            edges.append((i, j))
 
     # hash chains over messages: prefix hash after each user message of a context, and the item's context + turn
     prefixes: list[list[bytes]] = []
@@ -198,9 +189,13 @@ def fold_groups(items: Sequence[TurnRecord]) -> np.ndarray:
         for h in pre:
             j = by_full.get(h)
             if j is not None:
-                union(i, j)
-    roots = np.array([find(i) for i in range(n)], dtype=np.int64)
-    return np.unique(roots, return_inverse=True)[1].reshape(-1) if n else roots
+                edges.append((i, j))
+    if not n:
+        return np.zeros(0, dtype=np.int64)
+    rows, cols = (np.array(x, dtype=np.int64) for x in zip(*edges)) if edges else (np.zeros(0, np.int64),) * 2
+    graph = coo_matrix((np.ones(len(rows)), (rows, cols)), shape=(n, n))
+    # components numbered in order of their lowest item, as the folds have always been assigned
+    return connected_components(graph, directed=False)[1].astype(np.int64)
 
 
 def grouped_folds(

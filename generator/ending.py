@@ -26,6 +26,7 @@ def end_probabilities(model, tokenizer, prompts: Sequence[str], texts: Sequence[
     """p_end (see the module docstring) for each (rendered prompt, turn text), shape (N,). The text is the turn
     without its marker."""
     import contextlib
+    import inspect
 
     import torch
 
@@ -33,15 +34,16 @@ def end_probabilities(model, tokenizer, prompts: Sequence[str], texts: Sequence[
 
     eos = tokenizer.eos_token_id
     suffix = tokenizer(END_SEPARATOR + END_MARKER, add_special_tokens=False)["input_ids"] + [eos]
-    rows, cuts = [], []
-    for p, t in zip(prompts, texts):
-        head = tokenizer(p, add_special_tokens=False)["input_ids"] + tokenizer(t, add_special_tokens=False)["input_ids"]
-        rows.append(head + suffix)
-        cuts.append(len(head))  # the first position predicted after the text
+    rows = [tokenizer(p, add_special_tokens=False)["input_ids"] + tokenizer(t, add_special_tokens=False)["input_ids"]
+            + suffix for p, t in zip(prompts, texts)]
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     out = np.zeros(len(rows))
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+    keep = len(suffix) + 1  # left padding: every row's suffix, and the position before it, are its last columns
+    params = inspect.signature(model.forward).parameters
+    keep_kw = "logits_to_keep" in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
+    suffix_ids = torch.tensor(suffix, device=device)
     weights = next(model.parameters()).dtype
     # as the engine: fp32 weights under the process precision's autocast, bf16 ones as they are
     cast = contextlib.nullcontext() if precision in (None, "fp32") or weights != torch.float32 else autocast(precision, device)
@@ -54,17 +56,16 @@ def end_probabilities(model, tokenizer, prompts: Sequence[str], texts: Sequence[
                 width = max(len(rows[i]) for i in idx)
                 ids = torch.full((len(idx), width), pad, dtype=torch.long)
                 mask = torch.zeros((len(idx), width), dtype=torch.long)
-                for j, i in enumerate(idx):  # left padding: every row's suffix ends at the last column
+                for j, i in enumerate(idx):
                     ids[j, width - len(rows[i]):] = torch.tensor(rows[i])
                     mask[j, width - len(rows[i]):] = 1
-                logp = torch.log_softmax(model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float(),
-                                         -1)  # (B, T, V)
+                kw = {"logits_to_keep": keep} if keep_kw else {}
+                logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), **kw).logits[:, -keep:]
+                logp = torch.log_softmax(logits.float(), -1)  # (B, keep, V): only the positions the decision reads
+                lp_end = logp[:, :-1].gather(-1, suffix_ids.expand(len(idx), -1).unsqueeze(-1)).squeeze(-1).sum(-1)
+                lp_eos = logp[:, 0, eos]
                 for j, i in enumerate(idx):
-                    first = width - len(rows[i]) + cuts[i] - 1  # the position whose next token follows the text
-                    pos = torch.arange(first, first + len(suffix), device=device)
-                    lp_end = logp[j, pos, torch.tensor(suffix, device=device)].sum()
-                    lp_eos = logp[j, first, eos]
-                    out[i] = torch.sigmoid(lp_end - lp_eos).item()
+                    out[i] = torch.sigmoid(lp_end[j] - lp_eos[j]).item()
     finally:
         model.train(was_training)
     return out

@@ -235,6 +235,7 @@ def compact_fused_lm_head() -> bool:
 
 
 def count_trainable(model) -> tuple[int, int]:
+    """(trainable, total) parameters of any model (peft's `get_nb_trainable_parameters` exists on a PeftModel only)."""
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     return trainable, total

@@ -178,10 +178,12 @@ def test_agent_sft_cli_trains_an_adapter_the_agent_loader_reads(tmp_path, tiny_l
     out = tmp_path / "sft"
     cmd = [sys.executable, str(ROOT / "agent_rl" / "sft.py"), "--agent_model", tiny_lm_path, "--gyms", "function",
            "--max_steps", "2", "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "1",
-           "--dtype", "fp32", "--output_dir", str(out)]
+           "--dtype", "fp32", "--output_dir", str(out), "--curve_every", "1", "--per_device_eval_batch_size", "8"]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads((out / "agent_sft.json").read_text())
     assert summary["steps"] == 2 and summary["examples"] > 10 and (out / "adapter_config.json").exists()
+    # the curve on the test tasks' oracle turns: before any update, then every step
+    assert [c["step"] for c in summary["curve"]] == [0, 1, 2] and all(c["eval_loss"] > 0 for c in summary["curve"])
     agent = load_agent(str(out))
     assert isinstance(agent, PolicyAgent)
