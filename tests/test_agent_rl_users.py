@@ -85,6 +85,19 @@ def test_frozen_export_defaults_to_the_settings_it_was_measured_with(tmp_path, t
     assert load_simulator(f"frozen:{d}", SMALL).settings == SMALL  # the caller's choice wins
 
 
+def test_an_export_with_a_calibrated_end_decision_draws_it(frozen_dir, monkeypatch):
+    import numpy as np
+
+    import generator.ending as ending
+
+    monkeypatch.setattr(ending, "end_probabilities", lambda *a, **k: np.full(len(a[3]), 0.5))
+    some_text = SamplingSettings(max_new_tokens=6, temperature=1.0, min_new_tokens=4)  # no empty turn: it never ends
+    turns = load_simulator(f"frozen:{frozen_dir}", some_text.replace(end_bias=20.0)).turns(_requests(3))
+    assert [t.ended for t in turns] == [True, True, True]  # the decision, not a marker the tiny model never writes
+    never = load_simulator(f"frozen:{frozen_dir}", some_text.replace(end_bias=-20.0)).turns(_requests(3))
+    assert not any(t.ended for t in never) and [t.text for t in never] == [t.text for t in turns]
+
+
 def test_unknown_specs_are_refused():
     for spec in ("nope:x", "scripted:chatty", "openai:model-without-url", "hf:"):
         with pytest.raises(DataError):
