@@ -43,6 +43,29 @@ def test_termination_and_rates_against_the_real_users_within_the_window():
     assert row["conv/conversations"] == 20 and 0 <= row["conv/td"] <= 50
 
 
+def test_a_simulator_that_always_ends_at_once_and_one_that_never_ends():
+    import math
+
+    from adversary.conversation_meter import measure_conversations
+
+    cfg = AdversaryConfig(heldout_detectors=["classical"], heldout_folds=2, conv_max_turns=2)
+    # even ids: the real user stops 1 turn after the opening; odd ids: goes on past the 2-turn window
+    real = [Conversation(id=str(i), messages=_conv(i, 2 if i % 2 == 0 else 6)) for i in range(20)]
+    at_once = [SimulatedConversation(id=str(i), messages=_conv(i, 2, "sim")[:-1], ended=True, user_turns=1)
+               for i in range(20)]
+    row = measure_conversations(real, at_once, cfg)
+    # 10 ends found, 10 false ends where the real user went on
+    assert row["conv/termination_precision"] == 0.5 and row["conv/termination_recall"] == 1.0
+    assert row["conv/termination_f1"] == pytest.approx(2 / 3)
+    assert row["conv/ends_per_real"] == 2.0 and row["conv/turns_per_real"] == pytest.approx(1 / 1.5)
+    never = [SimulatedConversation(id=str(i), messages=_conv(i, 3, "sim")[:-1], ended=False, user_turns=2)
+             for i in range(20)]
+    row = measure_conversations(real, never, cfg)
+    assert row["conv/termination_f1"] == 0.0 and row["conv/termination_recall"] == 0.0
+    assert math.isnan(row["conv/termination_precision"])  # it never said "ends here"
+    assert row["conv/ends_per_real"] == 0.0 and row["conv/turns_per_real"] == pytest.approx(2 / 1.5)
+
+
 def test_the_gate_on_the_conversation_level_needs_conversations():
     from conversations.config import ConfigError
 
