@@ -55,7 +55,7 @@ def test_simulate_an_export_samples_with_its_recorded_settings(tmp_path, tiny_lm
     export = tmp_path / "frozen"
     shutil.copytree(tiny_lm_path, export)
     recorded = {"max_new_tokens": 5, "temperature": 0.7, "top_p": 0.9, "top_k": 0, "min_new_tokens": 1,
-                "max_prompt_tokens": 64}
+                "max_prompt_tokens": 64, "end_bias": 1.5}  # a calibrated end decision travels with the rest
     (export / "simulator.json").write_text(json.dumps({"sampling": recorded}))
     base = ["--model", str(export), "--limit", "4", "--out", str(tmp_path / "s.jsonl"), "--batch-size", "4"]
     summary = main(base)
