@@ -61,7 +61,10 @@ def end_calibration(cfg, train: list, seed: int) -> tuple[list, float | None]:
 def calibrated_end_bias(model, tokenizer, records: list, cfg, settings, target: float, seed: int,
                         precision: str | None = None) -> float:
     """The logit offset at which the simulator (as it is now) ends `target` of its turns on `records`' contexts: its
-    own turns sampled at `settings`, their p_end read, the offset solved (generator.ending.solve_end_bias)."""
+    own turns sampled at `settings` (the marker as sampled: the decision is what is being solved), their p_end read,
+    the offset solved (generator.ending.solve_end_bias)."""
+    import dataclasses
+
     from generator.engine import Engine
     from generator.ending import end_probabilities, solve_end_bias
     from generator.prompts import render_prompt
@@ -69,11 +72,9 @@ def calibrated_end_bias(model, tokenizer, records: list, cfg, settings, target: 
 
     engine = Engine(model, tokenizer, batch_size=cfg.sim_batch_size, precision=precision)
     contexts = [r.context for r in records]
-    turns = user_turns(engine, contexts, settings.replace(end_bias=None) if settings.end_bias is not None else settings,
-                       seed=seed)
+    turns = user_turns(engine, contexts, dataclasses.replace(settings, end_bias=None), seed=seed)
     prompts = [render_prompt(tokenizer, c, max_context_tokens=settings.max_prompt_tokens) for c in contexts]
-    return solve_end_bias(end_probabilities(model, tokenizer, prompts, [t.text for t in turns], precision=precision),
-                          target)
+    return solve_end_bias(end_probabilities(engine, prompts, [t.text for t in turns]), target)
 
 
 def simulate_heldout_conversations(model, tokenizer, convs: list, cfg, settings, seed: int, precision: str | None = None):

@@ -5,7 +5,7 @@ the AUC of p_end for "this is the conversation's last user turn", its mean again
 F1 of the best threshold and of the threshold that matches the real rate, and the expected F1 of Bernoulli draws at
 p_end (what sampling the decision gives). Prints one JSON object.
 
-    python bench/bench_end_decision.py --model runs/demo/warmstart --turns 600
+    python bench/bench_end_decision.py --model runs/demo/warmstart/merged --turns 600
 """
 
 from __future__ import annotations
@@ -40,19 +40,20 @@ def main() -> None:
 
     from conversations.precision import resolve_precision
     from generator.data import load_turns
+    from generator.engine import Engine
     from generator.ending import end_probabilities
     from generator.model import load_generator
     from generator.prompts import render_prompt
 
     records = [r for r in load_turns("sharegpt", "test", max_context_messages=2, max_turn_chars=300)
-               if any(m["role"] == "user" for m in r.context)]  # after the opening: what the meter judges
+               if any(m["role"] == "user" for m in r.context)]  # after a user opening: what the meter judges
     random.Random(args.seed).shuffle(records)
     records = records[: args.turns]
     model, tok = load_generator(args.model, dtype="fp32")
     precision = resolve_precision("auto")
     t0 = time.perf_counter()
     prompts = [render_prompt(tok, r.context, max_context_tokens=args.max_context_tokens) for r in records]
-    p = end_probabilities(model, tok, prompts, [r.user_turn for r in records], precision=precision)
+    p = end_probabilities(Engine(model, tok, precision=precision), prompts, [r.user_turn for r in records])
     secs = time.perf_counter() - t0
     y = np.array([r.is_last for r in records])
     rate = float(y.mean())

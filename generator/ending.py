@@ -1,15 +1,14 @@
 """The end decision read from the simulator itself: P(end | context, turn) from one teacher-forced forward.
 
 The simulator ends a conversation by writing END_SEPARATOR + END_MARKER after its turn's text (the SFT target of a
-conversation's last turn, `generator.prompts.target_text`). Sampled token by token at a temperature below 1 and under
-a nucleus, that minority continuation is cut further than the model's own estimate: the demo's simulator ended 7-22%
-as often as real users inside the meter's window. `end_probabilities` reads the model's estimate directly,
+conversation's last turn, `generator.prompts.target_text`). Sampled token by token under a nucleus, that minority
+continuation ended the default run's conversations 7-22% as often as real users did inside the meter's window. `end_probabilities` reads the model's estimate directly,
 
     p_end = P(sep + marker + eos | prompt, text) / (P(sep + marker + eos | prompt, text) + P(eos | prompt, text)),
 
 the two ways a turn with this text can finish, renormalised (one forward over prompt + text + sep + marker + eos per
-turn, batched). `decide_ends` draws the decision from it with a logit offset (`end_bias`), so the decision can be
-calibrated on held-out conversations without touching how the text is sampled.
+turn, batched). `decide_ends` draws the decision from it with a logit offset (`end_bias`, solved by `solve_end_bias`
+on train contexts), so the decision is calibrated without touching how the text is sampled.
 """
 
 from __future__ import annotations
@@ -21,51 +20,38 @@ import numpy as np
 from generator.prompts import END_MARKER, END_SEPARATOR
 
 
-def end_probabilities(model, tokenizer, prompts: Sequence[str], texts: Sequence[str], *, batch_size: int = 32,
-                      precision: str | None = None) -> np.ndarray:
-    """p_end (see the module docstring) for each (rendered prompt, turn text), shape (N,). The text is the turn
-    without its marker."""
-    import contextlib
-    import inspect
-
+def end_probabilities(engine, prompts: Sequence[str], texts: Sequence[str], *, batch_size: int = 32) -> np.ndarray:
+    """p_end (see the module docstring) for each (rendered prompt, turn text) on `engine`'s model, shape (N,): the
+    engine's precision rule, and only the logits the decision reads. The text is the turn without its marker."""
     import torch
 
-    from conversations.precision import autocast
-
+    model, tokenizer = engine.model, engine.tokenizer
     eos = tokenizer.eos_token_id
     suffix = tokenizer(END_SEPARATOR + END_MARKER, add_special_tokens=False)["input_ids"] + [eos]
     rows = [tokenizer(p, add_special_tokens=False)["input_ids"] + tokenizer(t, add_special_tokens=False)["input_ids"]
             + suffix for p, t in zip(prompts, texts)]
     device = next(model.parameters()).device
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     out = np.zeros(len(rows))
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
     keep = len(suffix) + 1  # left padding: every row's suffix, and the position before it, are its last columns
-    params = inspect.signature(model.forward).parameters
-    keep_kw = "logits_to_keep" in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
     suffix_ids = torch.tensor(suffix, device=device)
-    weights = next(model.parameters()).dtype
-    # as the engine: fp32 weights under the process precision's autocast, bf16 ones as they are
-    cast = contextlib.nullcontext() if precision in (None, "fp32") or weights != torch.float32 else autocast(precision, device)
     was_training = model.training
     model.eval()
     try:
-        with torch.inference_mode(), cast:
+        with torch.inference_mode(), engine._autocast(device):
             for s in range(0, len(order), batch_size):
                 idx = order[s: s + batch_size]
                 width = max(len(rows[i]) for i in idx)
-                ids = torch.full((len(idx), width), pad, dtype=torch.long)
+                ids = torch.full((len(idx), width), engine.pad_id, dtype=torch.long)
                 mask = torch.zeros((len(idx), width), dtype=torch.long)
                 for j, i in enumerate(idx):
                     ids[j, width - len(rows[i]):] = torch.tensor(rows[i])
                     mask[j, width - len(rows[i]):] = 1
-                kw = {"logits_to_keep": keep} if keep_kw else {}
+                kw = {"logits_to_keep": keep} if engine._keep_kw else {}
                 logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), **kw).logits[:, -keep:]
                 logp = torch.log_softmax(logits.float(), -1)  # (B, keep, V): only the positions the decision reads
                 lp_end = logp[:, :-1].gather(-1, suffix_ids.expand(len(idx), -1).unsqueeze(-1)).squeeze(-1).sum(-1)
-                lp_eos = logp[:, 0, eos]
-                for j, i in enumerate(idx):
-                    out[i] = torch.sigmoid(lp_end[j] - lp_eos[j]).item()
+                out[idx] = torch.sigmoid(lp_end - logp[:, 0, eos]).cpu().numpy()
     finally:
         model.train(was_training)
     return out
@@ -74,15 +60,14 @@ def end_probabilities(model, tokenizer, prompts: Sequence[str], texts: Sequence[
 def end_decisions(engine, prompts: Sequence[str], texts: Sequence[str], end_bias: float, seed: int) -> list[bool]:
     """The end decision of each sampled turn (rendered prompt, text without its marker) on `engine`'s model: drawn at
     logit(p_end) + `end_bias`; an empty turn never ends. Every caller with `SamplingSettings.end_bias` set comes here."""
-    p_end = end_probabilities(engine.model, engine.tokenizer, prompts, texts, precision=engine.precision)
+    p_end = end_probabilities(engine, prompts, texts)
     return [bool(e and t) for e, t in zip(decide_ends(p_end, end_bias, seed), texts)]
 
 
 def decide_ends(p_end: np.ndarray, end_bias: float, seed: int) -> np.ndarray:
     """Bernoulli draws of the end decision at logit(p_end) + end_bias, shape (N,) bool; the same seed, the same
     draws."""
-    p = np.clip(np.asarray(p_end, dtype=float), 1e-9, 1 - 1e-9)
-    q = 1 / (1 + np.exp(-(np.log(p / (1 - p)) + end_bias)))
+    q = _sigmoid(_logit(p_end) + end_bias)
     return np.random.default_rng(seed).random(len(q)) < q
 
 
@@ -91,16 +76,24 @@ def solve_end_bias(p_end: np.ndarray, target_rate: float) -> float:
     (bisection: the mean is increasing in the offset), clipped to [-20, 20]."""
     if not 0 < target_rate < 1:
         raise ValueError(f"target_rate must be in (0, 1), got {target_rate}")
-    p = np.clip(np.asarray(p_end, dtype=float), 1e-9, 1 - 1e-9)
-    logit = np.log(p / (1 - p))
+    logit = _logit(p_end)
     lo, hi = -20.0, 20.0
     for _ in range(60):
         mid = (lo + hi) / 2
-        if np.mean(1 / (1 + np.exp(-(logit + mid)))) < target_rate:
+        if np.mean(_sigmoid(logit + mid)) < target_rate:
             lo = mid
         else:
             hi = mid
     return round((lo + hi) / 2, 4)
+
+
+def _logit(p) -> np.ndarray:
+    p = np.clip(np.asarray(p, dtype=float), 1e-9, 1 - 1e-9)
+    return np.log(p / (1 - p))
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1 / (1 + np.exp(-x))
 
 
 def window_end_rate(convs, seed_user_turns: int, max_turns: int) -> float:

@@ -90,7 +90,7 @@ def test_an_export_with_a_calibrated_end_decision_draws_it(frozen_dir, monkeypat
 
     import generator.ending as ending
 
-    monkeypatch.setattr(ending, "end_probabilities", lambda *a, **k: np.full(len(a[3]), 0.5))
+    monkeypatch.setattr(ending, "end_probabilities", lambda *a, **k: np.full(len(a[2]), 0.5))
     some_text = SamplingSettings(max_new_tokens=6, temperature=1.0, min_new_tokens=4)  # no empty turn: it never ends
     turns = load_simulator(f"frozen:{frozen_dir}", some_text.replace(end_bias=20.0)).turns(_requests(3))
     assert [t.ended for t in turns] == [True, True, True]  # the decision, not a marker the tiny model never writes

@@ -36,7 +36,7 @@ def test_end_probabilities_match_a_forward_per_row_whatever_the_padding(tiny):
     model, tok = tiny
     prompts = [render_prompt(tok, CTX), render_prompt(tok, []), render_prompt(tok, CTX[:1])]
     texts = ["ok thanks", "what about the second part of the plan, the one with the long name", "no"]
-    p = end_probabilities(model, tok, prompts, texts, batch_size=3)  # one left-padded batch of three lengths
+    p = end_probabilities(Engine(model, tok), prompts, texts, batch_size=3)  # one left-padded batch of three lengths
     assert p.shape == (3,) and np.all((p > 0) & (p < 1))
     for i in range(3):
         assert p[i] == pytest.approx(_brute_force(model, tok, prompts[i], texts[i]), rel=1e-4)
@@ -83,17 +83,17 @@ def test_the_decision_is_drawn_apart_from_the_text(tiny, monkeypatch):
     read = []  # what the decision was drawn from: this model's p_end on exactly the sampled texts
     real_p = ending.end_probabilities
 
-    def spy(model_, tok_, prompts, texts, **kw):
+    def spy(engine_, prompts, texts, **kw):
         read.append(list(texts))
-        return real_p(model_, tok_, prompts, texts, **kw)
+        return real_p(engine_, prompts, texts, **kw)
 
     monkeypatch.setattr(ending, "end_probabilities", spy)
     biased = user_turns(engine, contexts, s.replace(end_bias=3.0), seed=5)
     assert [t.text for t in biased] == [t.text for t in plain] == read[0]  # the text is untouched
-    p = real_p(model, tok, [render_prompt(tok, c) for c in contexts], [t.text for t in plain])
+    p = real_p(engine, [render_prompt(tok, c) for c in contexts], [t.text for t in plain])
     assert [t.ended for t in biased] == [bool(e and t.text) for e, t in
                                          zip(decide_ends(p, 3.0, 5 + END_DECISION_SEED), plain)]
-    monkeypatch.setattr(ending, "end_probabilities", lambda *a, **k: np.full(len(a[3]), 0.5))
+    monkeypatch.setattr(ending, "end_probabilities", lambda *a, **k: np.full(len(a[2]), 0.5))
     always = user_turns(engine, contexts, s.replace(end_bias=20.0), seed=5)
     never = user_turns(engine, contexts, s.replace(end_bias=-20.0), seed=5)
     assert [t.ended for t in always] == [bool(t.text) for t in plain] and not any(t.ended for t in never)
