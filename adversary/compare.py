@@ -12,6 +12,10 @@ For every simulator, on the same real data (the test split):
   conversations (`discriminator.conversation`), with the conversation diagnostics (termination F1 against where the
   real users stopped, turns per conversation, role and goal adherence, repetition);
 - optionally an LLM judge (`--judge`, the single-conversation protocol).
+With `--seeds S1 S2 ...` every simulator samples both levels once per seed (the detectors' folds stay fixed): each
+td is the mean over the seeds with a CI from resampling contexts (conversations) jointly for every seed, and every
+simulator after the first gets its paired difference to the first at both levels (the same resample for both: the
+study's protocol, adversary.study_scoring.paired_differences).
 Simulators: `hf:MODEL` (a model prompted as a user in the simulator's format: the un-tuned base, a warm start),
 `frozen:DIR` (an export, hashes checked, at the sampling settings it records), `openai:MODEL@URL`.
 Writes OUT/compare.json, OUT/compare.md (the table) and OUT/compare.png.
@@ -129,15 +133,26 @@ def parse(argv):
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--judge", default=None, help="openai:MODEL@URL or hf:MODEL: the single-conversation judge too")
     p.add_argument("--batch_size", type=int, default=64)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="data sample, folds and bootstrap; the sampling seed too "
+                                                       "unless --seeds is given")
+    p.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help="sampling seeds: each simulator samples once per seed; tds are means over them, and every "
+                        "simulator after the first gets a paired difference to the first")
+    p.add_argument("--end_bias", type=float, default=None,
+                   help="hf: simulators' end decision: drawn from the model's P(end) at this logit offset "
+                        "(generator.ending; a main job's curves.csv has each reading's conv/end_bias); unset: the end "
+                        "marker as sampled. An export draws it as it records")
+    p.add_argument("--n_boot", type=int, default=1000)
     p.add_argument("--dtype", default="auto")
     a = p.parse_args(argv)
     for name, low in (("turn_contexts", 20), ("conversations", 20), ("max_turns", 1), ("folds", 2),
-                      ("max_new_tokens", 1), ("max_prompt_tokens", 32), ("batch_size", 1), ("seed", 0)):
+                      ("max_new_tokens", 1), ("max_prompt_tokens", 32), ("batch_size", 1), ("seed", 0), ("n_boot", 100)):
         if getattr(a, name) < low:
             raise DataError(f"--{name} must be >= {low}, got {getattr(a, name)}")
     if a.temperature <= 0:
         raise DataError(f"--temperature must be > 0, got {a.temperature}")
+    if a.seeds is not None and (len(set(a.seeds)) != len(a.seeds) or min(a.seeds) < 0):
+        raise DataError(f"--seeds must be distinct seeds >= 0, got {a.seeds}")
     for spec in a.simulators:
         kind, _, rest = spec.partition(":")
         if kind == "hf":
@@ -175,9 +190,57 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def mean_over_seeds(rows: list[dict]) -> dict:
+    """One seed's summary shape with every number the mean over the seeds' (nested dicts alike; a value missing or
+    None in some seeds is the mean of the others); everything else as the first seed has it."""
+    import numpy as np
+
+    out = {}
+    for k, v in rows[0].items():
+        vals = [r.get(k) for r in rows]
+        if isinstance(v, dict):
+            out[k] = mean_over_seeds([x for x in vals if isinstance(x, dict)])
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) or v is None:
+            nums = [x for x in vals if isinstance(x, (int, float)) and not isinstance(x, bool) and x == x]
+            out[k] = (v if all(x == v for x in vals) else float(np.mean(nums))) if nums else v
+        else:
+            out[k] = v
+    return out
+
+
+def pooled(per_seed: list[dict], oofs: list[dict], real_ids: list[str], n_boot: int, seed: int) -> dict:
+    """A level's summary over the seeds: the mean of each figure, the td's CI from one resample of contexts shared
+    by every seed (with one seed: that seed's own CI)."""
+    import numpy as np
+
+    summary = mean_over_seeds(per_seed)
+    if len(per_seed) > 1:
+        from adversary.study_scoring import _correct_and_contexts
+        from conversations.bootstrap import percentile_ci, pooled_panel_td, resample_counts
+
+        ctx_index = {rid: i for i, rid in enumerate(real_ids)}
+        boot = pooled_panel_td(*_correct_and_contexts(oofs, ctx_index), resample_counts(len(real_ids), n_boot, seed))
+        summary["td_ci95"] = list(percentile_ci(boot))
+        summary["td_sd_over_seeds"] = float(np.std([r["td"] for r in per_seed]))
+    return summary
+
+
+def differences_table(rows: list[dict]) -> str:
+    """Every simulator after the first against the first, at both levels (paired over contexts and seeds)."""
+    first = rows[0]["simulator"]
+    lines = [f"| simulator | turn td - {first} (95% CI) | conversation td - {first} (95% CI) |", "|---|---|---|"]
+    for r in rows[1:]:
+        cells = [f"{d['td_difference']:+.1f} ({d['ci95'][0]:+.1f} to {d['ci95'][1]:+.1f})"
+                 for d in (r["vs_first"]["turn"], r["vs_first"]["conversation"])]
+        lines.append(f"| {r['simulator']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def table(rows: list[dict]) -> str:
     n = rows[0]["turn"].get("contexts") if rows else None
-    head = (f"| simulator | turn td (95% CI){f', {n} contexts' if n else ''} | conversation td (95% CI) | termination F1 | ends / real | turns / real "
+    k = len(rows[0].get("seeds", [])) if rows else 0
+    mean = f", mean of {k} seeds" if k > 1 else ""
+    head = (f"| simulator | turn td (95% CI){f', {n} contexts' if n else ''}{mean} | conversation td (95% CI){mean} | termination F1 | ends / real | turns / real "
             "| length ratio | assistant-like | repetition |" + (" judge td |" if rows and "judge" in rows[0] else ""))
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
@@ -200,6 +263,7 @@ def main(argv=None) -> int:
     from conversations.threads import apply_threads
 
     apply_threads()
+    from adversary.study_scoring import paired_differences
     from adversary.train import quiet_libraries
     from conversations import write_jsonl
     from conversations.precision import resolve_precision
@@ -217,14 +281,14 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     precision = resolve_precision(a.dtype)
     settings = SamplingSettings(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=0.95,
-                                max_prompt_tokens=a.max_prompt_tokens)
+                                max_prompt_tokens=a.max_prompt_tokens, end_bias=a.end_bias)
     real_turns = sample_records([r for r in load_turns(a.data, "test", max_context_messages=2, max_turn_chars=300)
                                  if r.user_turn.strip()], a.turn_contexts, seed=a.seed)
     sim_args = SimulateArgs(model="tiny-random", data=a.data, split="test", limit=a.conversations, seed=a.seed,
                             conversations=True, max_turns=a.max_turns, assistant=a.assistant, out=str(out / "x"))
     real_convs = real_conversations(sim_args)
     cut = cut_conversations(real_convs, 1 + a.max_turns)
-    seeds = [[m for m in c.messages if m["role"] != "system"][:1] for c in real_convs]
+    seed_turns = [[m for m in c.messages if m["role"] != "system"][:1] for c in real_convs]
     write_jsonl(out / "real_turns.jsonl", real_turns)
     write_jsonl(out / "real_conversations.jsonl", cut)
     real_items = conversation_items(cut, seed_user_turns=1)
@@ -233,48 +297,75 @@ def main(argv=None) -> int:
         from discriminator.judges import judge_single, make_judge
 
         judge = make_judge(a.judge, cache_dir=out / "judge_cache")
-    rows = []
+    seeds = a.seeds or [a.seed]
+    real_turn_ids, real_conv_ids = [r.id for r in real_turns], [it.id for it in real_items]
+    rows, oofs = [], {}
     for spec in a.simulators:
         t0 = time.time()
         sim = make_simulator(spec, precision, a.batch_size, settings)
         name = label(spec)
-        print(f"{name}: turn level on {len(real_turns)} contexts", flush=True)
-        sims = sim.turns(real_turns, seed=a.seed)
-        rep = measure_td(real_turns, [s if s.user_turn.strip() else type(s)(id=s.id, context=s.context, user_turn="...",
-                                                                           meta=s.meta) for s in sims],
-                         detectors=tuple(a.detectors), folds=a.folds, seed=a.seed)
-        diag = realism_diagnostics(sims, real_turns)
-        turn = {"td": rep["td"], "td_ci95": rep["td_ci95"], "auc": rep["auc"], "contexts": len(real_turns), "detectors":
-                {k: v["td"] for k, v in rep["detectors"].items()}, "len_ratio_median": diag["len_ratio_median"],
-                "end_rate": diag["end_rate"], "real_end_rate": diag["real_end_rate"],
-                "truncated_rate": diag["truncated_rate"], "end_precision": diag["end_precision"],
-                "end_recall": diag["end_recall"]}
-        print(f"{name}: conversation level on {len(real_convs)} conversations", flush=True)
-        assistant = ReplayAssistant.from_conversations(real_convs, start_user_turns=1) if a.assistant == "replay" \
-            else make_assistant(sim_args, getattr(sim, "engine", None))
-        convs = sim.conversations(assistant, seeds, [c.id for c in real_convs], a.max_turns, a.seed)
+        model_assistant = None if a.assistant == "replay" else make_assistant(sim_args, getattr(sim, "engine", None))
+        per_seed, turn_oofs, conv_oofs = [], [], []
+        for k, s in enumerate(seeds):
+            tag = f"{len(rows):02d}" + (f".seed{s}" if k else "")  # the first seed keeps the single-seed names
+            print(f"{name}, seed {s}: turn level on {len(real_turns)} contexts", flush=True)
+            sims = sim.turns(real_turns, seed=s)
+            rep = measure_td(real_turns, [x if x.user_turn.strip() else type(x)(id=x.id, context=x.context,
+                                                                               user_turn="...", meta=x.meta)
+                                          for x in sims],
+                             detectors=tuple(a.detectors), folds=a.folds, seed=a.seed, n_boot=a.n_boot,
+                             return_scores=True)
+            turn_oofs.append(rep.pop("oof"))
+            diag = realism_diagnostics(sims, real_turns)
+            turn = {"td": rep["td"], "td_ci95": rep["td_ci95"], "auc": rep["auc"], "contexts": len(real_turns),
+                    "detectors": {d: v["td"] for d, v in rep["detectors"].items()},
+                    "len_ratio_median": diag["len_ratio_median"], "end_rate": diag["end_rate"],
+                    "real_end_rate": diag["real_end_rate"], "truncated_rate": diag["truncated_rate"],
+                    "end_precision": diag["end_precision"], "end_recall": diag["end_recall"]}
+            print(f"{name}, seed {s}: conversation level on {len(real_convs)} conversations", flush=True)
+            # the replay keeps its place in each conversation: a fresh one for every seed
+            assistant = model_assistant or ReplayAssistant.from_conversations(real_convs, start_user_turns=1)
+            convs = sim.conversations(assistant, seed_turns, [c.id for c in real_convs], a.max_turns, s)
+            write_jsonl(out / f"sim_turns_{tag}.jsonl", sims)
+            write_jsonl(out / f"sim_conversations_{tag}.jsonl", [c.to_dict() for c in convs])
+            sim_items = conversation_items([c.to_conversation() for c in convs], seed_user_turns=1, label="@sim")
+            crep = measure_td(real_items, sim_items, detectors=tuple(a.detectors), folds=a.folds, seed=a.seed,
+                              n_boot=a.n_boot, return_scores=True)
+            conv_oofs.append(crep.pop("oof"))
+            conv = {"td": crep["td"], "td_ci95": crep["td_ci95"], "auc": crep["auc"], "detectors":
+                    {d: v["td"] for d, v in crep["detectors"].items()},
+                    "diagnostics": jsonable(conversation_diagnostics(convs, cut, seed_user_turns=1))}
+            per_seed.append({"seed": s, "turn": jsonable(turn), "conversation": conv})
+            print(f"{name}, seed {s}: turn td {turn['td']:.1f}, conversation td {conv['td']:.1f}, termination F1 "
+                  f"{conv['diagnostics']['termination_f1']}", flush=True)
+            if judge is not None and k == 0:
+                judged = judge_single(judge, cut, [c.to_conversation() for c in convs], seed=a.seed).to_dict()
         safe = f"{len(rows):02d}"
-        write_jsonl(out / f"sim_turns_{safe}.jsonl", sims)
-        write_jsonl(out / f"sim_conversations_{safe}.jsonl", [c.to_dict() for c in convs])
-        sim_items = conversation_items([c.to_conversation() for c in convs], seed_user_turns=1, label="@sim")
-        crep = measure_td(real_items, sim_items, detectors=tuple(a.detectors), folds=a.folds, seed=a.seed)
-        conv = {"td": crep["td"], "td_ci95": crep["td_ci95"], "auc": crep["auc"], "detectors":
-                {k: v["td"] for k, v in crep["detectors"].items()},
-                "diagnostics": jsonable(conversation_diagnostics(convs, cut, seed_user_turns=1))}
-        row = {"simulator": name, "spec": spec, "turn": jsonable(turn), "conversation": conv,
+        row = {"simulator": name, "spec": spec,
+               "turn": pooled([r["turn"] for r in per_seed], turn_oofs, real_turn_ids, a.n_boot, a.seed),
+               "conversation": pooled([r["conversation"] for r in per_seed], conv_oofs, real_conv_ids, a.n_boot,
+                                      a.seed),
+               "seeds": seeds, "per_seed": per_seed,
                "files": {"turns": f"sim_turns_{safe}.jsonl", "conversations": f"sim_conversations_{safe}.jsonl"},
                "seconds": round(time.time() - t0, 1)}
         if judge is not None:
-            row["judge"] = judge_single(judge, cut, [c.to_conversation() for c in convs], seed=a.seed).to_dict()
+            row["judge"] = judged
+        oofs[name] = {"turn": turn_oofs, "conversation": conv_oofs}
+        if rows:  # paired over contexts (conversations) and seeds, against the first simulator
+            first = rows[0]["simulator"]
+            row["vs_first"] = {
+                level: paired_differences({name: {"td": row[level]["td"], "oof": oofs[name][level]},
+                                           first: {"td": rows[0][level]["td"], "oof": oofs[first][level]}},
+                                          ids, a.n_boot, a.seed)[f"{name}-{first}"]
+                for level, ids in (("turn", real_turn_ids), ("conversation", real_conv_ids))}
         rows.append(row)
-        print(f"{name}: turn td {turn['td']:.1f}, conversation td {conv['td']:.1f}, termination F1 "
-              f"{conv['diagnostics']['termination_f1']}", flush=True)
         del sim
     doc = {"rows": rows, "settings": vars(a), "precision": precision}
     (out / "compare.json").write_text(json.dumps(doc, indent=2, default=str))
-    (out / "compare.md").write_text(table(rows) + "\n")
+    md = table(rows) + ("\n\n" + differences_table(rows) if len(rows) > 1 else "")
+    (out / "compare.md").write_text(md + "\n")
     plot(rows, out / "compare.png")
-    print(table(rows))
+    print(md)
     return 0
 
 

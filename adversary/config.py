@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from conversations.config import ConfigError
+from generator.model import LoraArgs
 
 DETECTORS = ("classical", "style", "neural", "embed")
 # every numeric field's natural range (conversations.config.check_ranges: one message naming the key)
@@ -31,7 +32,9 @@ RANGES = {
 
 
 @dataclass
-class AdversaryConfig:
+class AdversaryConfig(LoraArgs):
+    """Every key of the main job but the trainer's; the LoRA fields come from `generator.model.LoraArgs`."""
+
     # ---- models and data
     model: str = field(default="smollm2-135m-instruct", metadata={
         "help": "User simulator: an embedded asset (smollm2-135m-instruct, tiny-random), a model id or a path."})
@@ -53,11 +56,6 @@ class AdversaryConfig:
                 "turns, and the default the export records for its users."})
     sim_top_p: float = field(default=0.95, metadata={"help": "Nucleus mass of that sampling (1 turns it off)."})
     train_contexts: int = field(default=512, metadata={"help": "Training contexts for the adversarial phase."})
-
-    # ---- LoRA of the generator
-    lora_r: int = field(default=16, metadata={"help": "LoRA rank (0 trains every parameter)."})
-    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
-    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout."})
 
     # ---- stage 1: SFT warm start
     warmstart_steps: int = field(default=40, metadata={"help": "SFT steps on real user turns before the adversarial phase (0 skips)."})

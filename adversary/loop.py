@@ -174,7 +174,7 @@ def grpo_trainer(cfg, args, model, tokenizer, train_dataset, reward_funcs, callb
     from trl import GRPOTrainer
 
     from adversary.rollout import EngineRollout
-    from generator.model import lora_config, pick_device, prepare_training
+    from generator.model import pick_device, prepare_training
 
     rollout = None
     if prepare:
@@ -187,7 +187,7 @@ def grpo_trainer(cfg, args, model, tokenizer, train_dataset, reward_funcs, callb
             rollout = EngineRollout(tokenizer, EngineRollout.settings_from(args), precision=cfg.dtype,
                                     batch_size=cfg.sim_batch_size, seed=args.seed, merge_lora=cfg.heldout_merge_lora)
     trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
-                          processing_class=tokenizer, peft_config=lora_config(cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout),
+                          processing_class=tokenizer, peft_config=cfg.peft_config(),
                           callbacks=callbacks, rollout_func=rollout)
     if rollout is not None:
         rollout.widen_stops(trainer)

@@ -24,15 +24,14 @@ if __package__ in (None, ""):
 
 from conversations.cli_util import friendly_errors  # noqa: E402
 from conversations.config import ConfigError, parse_config  # noqa: E402
+from generator.model import LoraArgs  # noqa: E402
 
 
 @dataclass
-class AgentSFTArgs:
+class AgentSFTArgs(LoraArgs):
     agent_model: str = field(default="smollm2-135m-instruct", metadata={"help": "agent base: asset name, id or path"})
     gyms: str = field(default="all", metadata={"help": "comma-separated gyms whose train tasks make the examples"})
     max_turns: int = field(default=0, metadata={"help": "turn limit for every gym (0: each gym's own)"})
-    lora_r: int = 16
-    lora_alpha: int = 32
     dtype: str = field(default="auto", metadata={"help": "precision: auto, bf16 or fp32"})
     curve_every: int = field(default=0, metadata={
         "help": "every N steps, the loss and token accuracy on the oracle's turns of the test tasks (never trained "
@@ -44,7 +43,8 @@ class AgentSFTArgs:
         from conversations.config import check_ranges
         from conversations.precision import normalise_dtype
 
-        check_ranges(self, {"max_turns": ">= 0", "lora_r": ">= 1", "lora_alpha": "> 0", "curve_every": ">= 0"})
+        check_ranges(self, {"max_turns": ">= 0", "lora_r": ">= 1", "lora_alpha": "> 0", "lora_dropout": "[0, 1)",
+                            "curve_every": ">= 0"})
         check_model_name(self.agent_model, "agent_model")
         self.dtype = normalise_dtype(self.dtype)
         self.gym_list = resolve_gyms(self.gyms)
@@ -74,7 +74,7 @@ def train(args: AgentSFTArgs, sft) -> dict:
     from datasets import Dataset
     from trl import SFTTrainer
 
-    from generator.model import load_generator, lora_config, pick_device, prepare_training
+    from generator.model import load_generator, pick_device, prepare_training
 
     rows = oracle_examples(args.gym_list, args.max_turns or None)
     if not rows:
@@ -88,7 +88,7 @@ def train(args: AgentSFTArgs, sft) -> dict:
                                   for r in oracle_examples(args.gym_list, args.max_turns or None, split="test")])
         sft.eval_strategy, sft.eval_steps = "steps", args.curve_every
     trainer = SFTTrainer(model=model, args=sft, train_dataset=data, eval_dataset=held, processing_class=tok,
-                         peft_config=lora_config(args.lora_r, args.lora_alpha))
+                         peft_config=args.peft_config())
     before = [{"step": 0, **trainer.evaluate()}] if held is not None else []  # the curve's step 0: no update yet
     result = trainer.train()
     trainer.save_model(sft.output_dir)

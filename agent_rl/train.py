@@ -35,12 +35,13 @@ from conversations.seeds import derive_seed  # noqa: E402
 from agent_rl.credit import TRAJECTORY_SCORES, TURN_CREDITS, trajectory_score, turn_credits  # noqa: E402
 from agent_rl.agents import ROLLOUT_TEMPERATURE, ROLLOUT_TOP_P  # noqa: E402
 from agent_rl.users import UserSamplingArgs  # noqa: E402
+from generator.model import LoraArgs  # noqa: E402
 
 log = logging.getLogger("agent_rl.train")
 
 
 @dataclass
-class AgentRLArgs(UserSamplingArgs):
+class AgentRLArgs(UserSamplingArgs, LoraArgs):
     """What is specific to agent RL; the optimiser, batch and GRPO settings are GRPOConfig's."""
 
     agent_model: str = field(default="smollm2-135m-instruct", metadata={"help": "agent base: asset name, id or path"})
@@ -64,9 +65,6 @@ class AgentRLArgs(UserSamplingArgs):
         "help": "agent sampling temperature during rollouts (1: the policy as it is; agent_rl.agents says why)"})
     agent_top_p: float = field(default=ROLLOUT_TOP_P, metadata={"help": "agent nucleus mass during rollouts (1: off)"})
     max_seq_len: int = field(default=2048, metadata={"help": "an episode's token limit (prompt + all turns)"})
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
     torch_threads: int = field(default=0, metadata={"help": "torch intra-op threads (0: conversations.threads chooses)"})
     rollout_merge: bool = field(default=True, metadata={
         "help": "decode the rollouts on a merged copy of the LoRA policy in the run's precision (the engine's path "
@@ -248,12 +246,27 @@ def _step_seconds_callback():
     return StepSeconds()
 
 
+def _adapter_base_callback(base: str):
+    """Each saved checkpoint's adapter points at the agent it was trained on when that is itself an adapter (protocol
+    SFT's), so `--agent runs/x/checkpoint-N` loads both (generator.model.record_adapter_base)."""
+    from transformers import TrainerCallback
+
+    from generator.model import record_adapter_base
+
+    class AdapterBase(TrainerCallback):
+        def on_save(self, args, state, control, **kw):
+            if state.is_world_process_zero:
+                record_adapter_base(Path(args.output_dir) / f"checkpoint-{state.global_step}", base)
+
+    return AdapterBase()
+
+
 def train(args: AgentRLArgs, grpo, callbacks: list | None = None):
     """Run agent RL. Returns (summary, trainer); the summary is also written to OUTPUT_DIR/agent_rl.json and the
     LoRA adapter (plus tokenizer) to OUTPUT_DIR, loadable as an agent: `--agent OUTPUT_DIR`."""
     import torch
 
-    from generator.model import load_generator, lora_config, pick_device, prepare_training
+    from generator.model import load_generator, pick_device, prepare_training
 
     from agent_rl.users import load_simulator, user_settings
 
@@ -268,7 +281,7 @@ def train(args: AgentRLArgs, grpo, callbacks: list | None = None):
     prepare_training(model, pick_device(), args.max_seq_len)
     dataset = build_dataset(args)
     rollout = AgentRollout(args, simulator, tokenizer)
-    lora = lora_config(args.lora_r, args.lora_alpha, args.lora_dropout)
+    lora = args.peft_config()
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     trainer = _trainer_class()(
         model=model,
@@ -278,10 +291,15 @@ def train(args: AgentRLArgs, grpo, callbacks: list | None = None):
         processing_class=tokenizer,
         peft_config=lora,
         rollout_func=rollout,
-        callbacks=[_step_seconds_callback(), *(callbacks or [])],
+        callbacks=[_step_seconds_callback(), _adapter_base_callback(args.agent_model), *(callbacks or [])],
     )
-    trainer.train()
+    resume = grpo.resume_from_checkpoint
+    trainer.train(resume_from_checkpoint=True if str(resume).lower() in ("true", "last") else resume)
     trainer.save_model(grpo.output_dir)
+    if trainer.accelerator.is_main_process:
+        from generator.model import record_adapter_base
+
+        record_adapter_base(grpo.output_dir, args.agent_model)  # else loading it would drop protocol SFT's adapter
     history = [h for h in trainer.state.log_history if "loss" in h]
     summary = {
         "output_dir": grpo.output_dir,

@@ -257,7 +257,7 @@ def build(cfg, args, warmup: int):
     from adversary.loop import QuietProgress, build_trainer, grpo_dataset
     from adversary.stages import fit_discriminator, make_discriminator, prepare_data
     from adversary.state import AdversaryState
-    from generator.model import load_generator, lora_config
+    from generator.model import load_generator
 
     set_seed(args.seed)
     data = prepare_data(cfg, args.seed)
@@ -304,7 +304,7 @@ def build(cfg, args, warmup: int):
     bare_args.reward_weights = None
     bare = GRPOTrainer(model=model_bare, reward_funcs=[constant_reward], args=bare_args,
                        train_dataset=grpo_dataset(cfg, tok, data.grpo), processing_class=tok,
-                       peft_config=lora_config(cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout))
+                       peft_config=cfg.peft_config())
 
     timers = {"bare": StepTimer(warmup), "adversarial": StepTimer(warmup)}
     for name, trainer in (("bare", bare), ("adversarial", adv)):

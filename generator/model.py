@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,24 @@ class LoraSettings:
 
     def to_peft(self):
         return lora_config(self.r, self.alpha, self.dropout, self.target_modules)
+
+
+@dataclass
+class LoraArgs:
+    """The LoRA fields of every entry point that trains a causal LM (the main job, generator.sft, agent_rl.sft and
+    agent_rl.train), declared once: each entry point's config inherits them, and checks their ranges with its own."""
+
+    lora_r: int = field(default=16, metadata={
+        "help": "LoRA rank (>= 1; the main job's grpo objective alone trains every parameter at 0, its warm start "
+                "then still uses 16 and the rounds objectives refuse 0)."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha (the update is scaled by alpha / r)."})
+    lora_dropout: float = field(default=0.0, metadata={
+        "help": "LoRA dropout; 0 leaves the dropout layer out (at 0.05 it took ~20% of a CPU training step of "
+                "SmolLM2, py-spy, 2026-12-01)."})
+
+    def peft_config(self):
+        """peft's LoraConfig for these fields (None at r = 0)."""
+        return lora_config(self.lora_r, self.lora_alpha, self.lora_dropout)
 
 
 def lora_config(r: int, alpha: int, dropout: float = 0.0, target_modules="all-linear"):
@@ -106,6 +124,8 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
 
 
 def _adapter_base(path: Path) -> str | None:
+    """The base an adapter folder was trained on (None for a plain model folder); it may itself be an adapter folder
+    (`record_adapter_base`)."""
     cfg = path / "adapter_config.json"
     if not cfg.exists():
         return None
@@ -113,6 +133,21 @@ def _adapter_base(path: Path) -> str | None:
     if not base:
         raise ConfigError("adapter_config.json has no base_model_name_or_path", str(cfg))
     return base
+
+
+def record_adapter_base(adapter_dir: str | os.PathLike, base: str | os.PathLike) -> None:
+    """Point the adapter saved in `adapter_dir` at `base` when `base` is itself an adapter folder: peft records the
+    plain model under the merged one, so loading the new adapter would silently drop the lower one. A plain base
+    is left as peft wrote it."""
+    from conversations.assets import resolve_model
+
+    base_dir = Path(resolve_model(base))
+    cfg = Path(adapter_dir) / "adapter_config.json"
+    if not (base_dir.is_dir() and _adapter_base(base_dir) and cfg.exists()):
+        return
+    d = json.loads(cfg.read_text())
+    d["base_model_name_or_path"] = str(base_dir.resolve())
+    cfg.write_text(json.dumps(d, indent=2))
 
 
 def load_generator(
@@ -141,8 +176,13 @@ def load_generator(
 
     try:
         tokenizer = load_tokenizer(tok_path, trust_remote_code)
-        with whole_weights():  # under ZeRO-3 the trainer's `prepare` partitions it, not the load
-            model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+        if adapter_base and Path(base_path).is_dir() and _adapter_base(Path(base_path)):
+            # an adapter trained on top of another (agent GRPO after protocol SFT): the lower one merged first
+            model, _ = load_generator(base_path, dtype=dtype, device="cpu", trust_remote_code=trust_remote_code)
+        else:
+            with whole_weights():  # under ZeRO-3 the trainer's `prepare` partitions it, not the load
+                model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch_dtype,
+                                                             trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:  # no network, no such repo, a folder that is not a causal LM
         raise load_error("model", str(name_or_path), e) from None
     if model.generation_config.pad_token_id is None:

@@ -29,6 +29,7 @@ from conversations import TurnRecord
 from conversations.cli_util import friendly_errors
 from conversations.config import ConfigError, parse_config, to_jsonable
 from conversations.schema import DataError
+from generator.model import LoraArgs
 from generator.prompts import END_MARKER, PROMPT_FORMAT_VERSION
 from generator.sft_examples import (_MIN_PROMPT_TOKENS, build_sft_dataset, encode_example,  # noqa: F401 re-exported
                                     sft_example, sft_examples)
@@ -37,19 +38,14 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class SFTArgs:
+class SFTArgs(LoraArgs):
     """What the warm start needs besides TRL's `SFTConfig` (which holds the optimiser, schedule, batch, `max_length`,
     seed, output folder and logging): the model, the data and how a turn becomes an example, LoRA, the held-out
     perplexity, and what is saved. The CLI parses both side by side (`parse_config((SFTArgs, SFTConfig), argv)`)."""
 
     model: str = "smollm2-135m-instruct"
     data: str = "sharegpt"
-    use_lora: bool = True
-    lora_r: int = 16
-    lora_alpha: int = 32
-    # 0: peft then uses no dropout layer at all; at 0.05 the dropout of every LoRA layer's input took ~20% of a CPU
-    # training step of SmolLM2 (py-spy, 2026-12-01)
-    lora_dropout: float = 0.0
+    use_lora: bool = True  # the LoRA fields: generator.model.LoraArgs
     lora_target_modules: str = "all-linear"
     # context: at most this many messages before the turn (None: all), and at most this many prompt tokens
     max_context_messages: Optional[int] = 2

@@ -187,3 +187,41 @@ def test_agent_sft_cli_trains_an_adapter_the_agent_loader_reads(tmp_path, tiny_l
     assert [c["step"] for c in summary["curve"]] == [0, 1, 2] and all(c["eval_loss"] > 0 for c in summary["curve"])
     agent = load_agent(str(out))
     assert isinstance(agent, PolicyAgent)
+
+
+def test_an_adapter_trained_on_an_adapter_loads_both(tiny_lm_path, tmp_path):
+    """Agent GRPO after protocol SFT saves an adapter over the SFT-merged model; peft records the plain base under
+    it, so without `record_adapter_base` loading the GRPO agent silently drops what SFT taught."""
+    from peft import LoraConfig, get_peft_model
+
+    from generator.model import load_generator, record_adapter_base
+
+    ids = torch.tensor([[1, 5, 9, 13, 2]])
+
+    def with_random_adapter(model, seed):
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+        g = torch.Generator().manual_seed(seed)
+        for n, p in model.named_parameters():
+            if "lora_B" in n:  # B starts at 0: an adapter that changes nothing would prove nothing
+                p.data = torch.randn(p.shape, generator=g) * 0.5
+        return model
+
+    base, tok = load_generator(tiny_lm_path, dtype="fp32")
+    with_random_adapter(base, 0).save_pretrained(tmp_path / "sft")
+    tok.save_pretrained(tmp_path / "sft")
+    sft, _ = load_generator(tmp_path / "sft", dtype="fp32")
+    grpo = with_random_adapter(sft, 1)
+    with torch.no_grad():
+        want = grpo(ids).logits
+    grpo.save_pretrained(tmp_path / "grpo")
+    dropped, _ = load_generator(tmp_path / "grpo", dtype="fp32")
+    with torch.no_grad():
+        assert not torch.allclose(dropped(ids).logits, want, atol=1e-3)  # the bug: SFT's adapter gone
+    record_adapter_base(tmp_path / "grpo", tmp_path / "sft")
+    both, _ = load_generator(tmp_path / "grpo", dtype="fp32")
+    with torch.no_grad():
+        assert torch.allclose(both(ids).logits, want, atol=1e-4)
+    # a plain base is left as peft wrote it
+    before = (tmp_path / "sft" / "adapter_config.json").read_text()
+    record_adapter_base(tmp_path / "sft", tiny_lm_path)
+    assert (tmp_path / "sft" / "adapter_config.json").read_text() == before

@@ -183,3 +183,33 @@ def test_simulate_conversations_cli_writes_checkable_conversations(tmp_path, tin
     check = subprocess.run([sys.executable, "-m", "conversations", "check", str(out)], capture_output=True, text=True,
                            cwd=ROOT, timeout=120)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_compare_cli_pools_seeds_and_pairs_simulators(tmp_path, tiny_lm_path):
+    """adversary.compare with --seeds: each simulator samples once per seed at both levels, its td is the mean over
+    the seeds, and the second simulator gets its paired difference to the first at both levels."""
+    out = tmp_path / "cmp"
+    cmd = [sys.executable, "-m", "adversary.compare", "--simulators", "hf:tiny-random", f"hf:{tiny_lm_path}",
+           "--out", str(out), "--turn_contexts", "24", "--conversations", "40", "--max_turns", "1",
+           "--detectors", "classical", "--folds", "2", "--max_new_tokens", "3", "--seeds", "1", "2",
+           "--n_boot", "100", "--end_bias", "2.0", "--dtype", "fp32"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    doc = json.loads((out / "compare.json").read_text())
+    first, second = doc["rows"]
+    for row in (first, second):
+        assert [s["seed"] for s in row["per_seed"]] == [1, 2]
+        for level in ("turn", "conversation"):
+            tds = [s[level]["td"] for s in row["per_seed"]]
+            assert row[level]["td"] == pytest.approx(sum(tds) / 2)
+            lo, hi = row[level]["td_ci95"]
+            assert 0 <= lo <= hi <= 50
+    assert "vs_first" not in first
+    for level in ("turn", "conversation"):
+        d = second["vs_first"][level]
+        assert d["td_difference"] == pytest.approx(second[level]["td"] - first[level]["td"])
+        assert d["ci95"][0] <= d["ci95"][1]
+    # every seed's samples are written, and the two seeds sampled differently
+    a, b = (out / "sim_turns_00.jsonl").read_text(), (out / "sim_turns_00.seed2.jsonl").read_text()
+    assert len(a.splitlines()) == len(b.splitlines()) == 24 and a != b
+    assert "conversation td - hf:tiny-random" in (out / "compare.md").read_text()

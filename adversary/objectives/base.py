@@ -169,13 +169,11 @@ class RoundsObjective(Objective):
         """A LoRA adapter on the warm start, or the adapter and run state of `phase.resume`; returns the step."""
         from peft import PeftModel, get_peft_model
 
-        from generator.model import lora_config
-
         ph = self.phase
         if ph.cfg.lora_r <= 0:
             raise DataError(f"objective {self.name} trains a LoRA adapter: set lora_r > 0")
         if ph.resume is None:
-            ph.model = get_peft_model(ph.model, lora_config(ph.cfg.lora_r, ph.cfg.lora_alpha, ph.cfg.lora_dropout))
+            ph.model = get_peft_model(ph.model, ph.cfg.peft_config())
             return 0
         print(f"resuming from {ph.resume}", flush=True)
         ph.model = PeftModel.from_pretrained(ph.model, str(ph.resume), is_trainable=True)
