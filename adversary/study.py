@@ -250,7 +250,6 @@ def main(argv=None) -> int:
     apply_threads()
     t_start = time.time()
     out = Path(args.output_dir)
-    (out / "arms").mkdir(parents=True, exist_ok=True)
     cfg.heldout_contexts = study.study_contexts
     cfg.conv_contexts = study.study_conversations  # prepare_data draws the held-out conversations
     if study.plateau_steps:
@@ -259,6 +258,7 @@ def main(argv=None) -> int:
     arms = [parse_arm(a) for a in study.arms]
     for _, overrides in arms:  # every arm's keys checked now, not after the warm start
         arm_config(cfg, args, overrides)
+    (out / "arms").mkdir(parents=True, exist_ok=True)  # after the checks: a bad command line leaves nothing behind
     data = prepare_data(cfg, args.seed, val_contexts=study.val_contexts)
     print(f"study: {len(data.heldout)} test contexts x {len(study.study_seeds)} seeds, {len(data.val)} validation "
           f"contexts, arms {[a for a, _ in arms]}, {study.arm_seconds:.0f}s each", flush=True)
