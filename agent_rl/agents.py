@@ -39,8 +39,9 @@ class Agent(Protocol):
     def act(self, views: Sequence[EpisodeView]) -> list[str]:
         """The next agent turn (tagged text) for each episode, in order (one batch)."""
 
-    def end_episode(self, uid: int) -> None:
-        """The episode is over: drop its state."""
+    def end_episode(self, uid: int):
+        """The episode is over: drop its state; returns its token record (`EpisodeTokens`) when the agent keeps
+        one, else None."""
 
 
 class ScriptedAgent:
@@ -62,7 +63,7 @@ class ScriptedAgent:
         return out
 
     def end_episode(self, uid):
-        pass
+        return None
 
 
 class ChatTurnFormat:
@@ -182,12 +183,10 @@ class PolicyAgent:
             texts.append(c.text.strip())
         return texts
 
-    def end_episode(self, uid):
-        if not self.record:
-            self.seqs.pop(uid, None)
-
-    def pop_record(self, uid) -> EpisodeTokens:
-        return self.seqs.pop(uid)
+    def end_episode(self, uid) -> EpisodeTokens | None:
+        """Drops the episode's tokens; with `record` they come back (`run_episodes` puts them on its result)."""
+        seq = self.seqs.pop(uid, None)
+        return seq if self.record else None
 
 
 def check_agent_spec(spec: str) -> None:

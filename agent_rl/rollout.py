@@ -102,7 +102,7 @@ def run_episodes(
             env.end_step(replies.get(i))
             if env.done:
                 results[i] = env.result()
-                agent.end_episode(i)
+                results[i].tokens = agent.end_episode(i)  # an LM agent's token record, when it keeps one
                 del live[i]
                 if on_result is not None:
                     on_result(i, results[i])

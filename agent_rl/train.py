@@ -158,8 +158,8 @@ class AgentRollout:
         self.last_results = results
         out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "env_mask", "turn_credit",
                                                 "trajectory_score", "episode_return", "episode_turns", "format_ok")}
-        for i, r in enumerate(results):
-            rec = agent.pop_record(i)
+        for r in results:
+            rec = r.tokens  # what the policy saw and sampled, token for token (PolicyAgent(record=True))
             credits = turn_credits(r.turn_rewards, a.turn_credit, a.gamma)  # one weight per agent turn
             out["prompt_ids"].append(rec.ids[: rec.prompt_len])
             out["completion_ids"].append(rec.completion_ids)

@@ -137,7 +137,8 @@ def heldout_perplexity(
 ) -> float:
     """exp(mean NLL per token) over the user-turn target tokens only (the completion the SFT loss covers: the turn,
     END_MARKER on last turns, and the end-of-turn tokens), prompts as in `sft_example`; turns that do not fit
-    `max_length` are left out, as in training."""
+    `max_length` are left out, as in training. Not `trainer.evaluate`: the meter and the study read models outside
+    any trainer, and this keeps logits for the completion positions only (`logits_to_keep`), not (B, T, vocab)."""
     import torch
 
     if not records:

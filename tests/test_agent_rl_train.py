@@ -64,8 +64,9 @@ def test_policy_agent_sequence_is_what_the_model_saw(tiny_lm_path):
     agent = PolicyAgent(model, tok, max_new_tokens=6, record=True, seed=1)
     specs = episode_specs(["intention", "telepathy"], "train", 1, max_turns=3)
     results = run_episodes(agent, ScriptedUser("oracle"), specs)
-    for uid, r in enumerate(results):
-        rec = agent.pop_record(uid)
+    assert not agent.seqs  # every finished episode's tokens left the agent with its result
+    for r in results:
+        rec = r.tokens
         assert len(rec.ids) == rec.prompt_len + len(rec.mask) == rec.prompt_len + len(rec.turn_of)
         first = tok.apply_chat_template(r.messages[:2], add_generation_prompt=True, return_dict=True)["input_ids"]
         assert rec.ids[: rec.prompt_len] == first

@@ -62,6 +62,9 @@ class EpisodeResult:
     format_errors: int = 0
     info: dict[str, Any] = field(default_factory=dict)
     messages: list[dict[str, str]] = field(default_factory=list)  # the agent's side: system, observations, turns
+    # the token record of an LM agent that keeps one (agent_rl.agents.EpisodeTokens: ids, env mask, turn of each
+    # token), attached when the episode ends, so the episode's text and its tokens travel in one object
+    tokens: Any = None
 
     @property
     def total(self) -> float:
