@@ -19,7 +19,7 @@ demo: install
 	accelerate launch --config_file configs/accelerate/cpu.yaml --num_cpu_threads_per_process $$(nproc) adversary/train.py
 
 test: install
-	$(PYTHON) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
+	$(PYTHON) -m pytest -q --durations=15; rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
 
 test-fast: install
 	$(PYTHON) -m pytest -q -m "not slow"
