@@ -298,7 +298,9 @@ def main(argv=None) -> int:
 
         judge = make_judge(a.judge, cache_dir=out / "judge_cache")
     seeds = a.seeds or [a.seed]
-    real_turn_ids, real_conv_ids = [r.id for r in real_turns], [it.id for it in real_items]
+    # the resampling units: the held-out contexts, and every real conversation (not only those with a real user turn
+    # after the seed: a simulator may go on where the real user stopped, and its item resamples with that conversation)
+    real_turn_ids, real_conv_ids = [r.id for r in real_turns], [c.id for c in real_convs]
     rows, oofs = [], {}
     for spec in a.simulators:
         t0 = time.time()
