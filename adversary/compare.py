@@ -195,14 +195,17 @@ def mean_over_seeds(rows: list[dict]) -> dict:
     None in some seeds is the mean of the others); everything else as the first seed has it."""
     import numpy as np
 
+    def number(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+
     out = {}
     for k, v in rows[0].items():
         vals = [r.get(k) for r in rows]
         if isinstance(v, dict):
             out[k] = mean_over_seeds([x for x in vals if isinstance(x, dict)])
-        elif isinstance(v, (int, float)) and not isinstance(v, bool) or v is None:
-            nums = [x for x in vals if isinstance(x, (int, float)) and not isinstance(x, bool) and x == x]
-            out[k] = (v if all(x == v for x in vals) else float(np.mean(nums))) if nums else v
+        elif number(v) or v is None:
+            nums = [x for x in vals if number(x) and x == x]  # NaN left out
+            out[k] = v if not nums or all(x == v for x in vals) else float(np.mean(nums))
         else:
             out[k] = v
     return out
@@ -215,13 +218,10 @@ def pooled(per_seed: list[dict], oofs: list[dict], real_ids: list[str], n_boot: 
 
     summary = mean_over_seeds(per_seed)
     if len(per_seed) > 1:
-        from adversary.study_scoring import _correct_and_contexts
-        from conversations.bootstrap import percentile_ci, pooled_panel_td, resample_counts
+        from adversary.study_scoring import pooled_td_ci
 
-        ctx_index = {rid: i for i, rid in enumerate(real_ids)}
-        boot = pooled_panel_td(*_correct_and_contexts(oofs, ctx_index), resample_counts(len(real_ids), n_boot, seed))
-        summary["td_ci95"] = list(percentile_ci(boot))
-        summary["td_sd_over_seeds"] = float(np.std([r["td"] for r in per_seed]))
+        summary["td_ci95"] = pooled_td_ci(oofs, real_ids, n_boot, seed)
+        summary["td_sd_over_seeds"] = float(np.std([r["td"] for r in per_seed], ddof=1))  # as the study reports it
     return summary
 
 
@@ -307,9 +307,9 @@ def main(argv=None) -> int:
         sim = make_simulator(spec, precision, a.batch_size, settings)
         name = label(spec)
         model_assistant = None if a.assistant == "replay" else make_assistant(sim_args, getattr(sim, "engine", None))
-        per_seed, turn_oofs, conv_oofs = [], [], []
+        per_seed, turn_oofs, conv_oofs, safe = [], [], [], f"{len(rows):02d}"
         for k, s in enumerate(seeds):
-            tag = f"{len(rows):02d}" + (f".seed{s}" if k else "")  # the first seed keeps the single-seed names
+            tag = safe + (f".seed{s}" if k else "")  # the first seed keeps the single-seed names
             print(f"{name}, seed {s}: turn level on {len(real_turns)} contexts", flush=True)
             sims = sim.turns(real_turns, seed=s)
             rep = measure_td(real_turns, [x if x.user_turn.strip() else type(x)(id=x.id, context=x.context,
@@ -342,7 +342,6 @@ def main(argv=None) -> int:
                   f"{conv['diagnostics']['termination_f1']}", flush=True)
             if judge is not None and k == 0:
                 judged = judge_single(judge, cut, [c.to_conversation() for c in convs], seed=a.seed).to_dict()
-        safe = f"{len(rows):02d}"
         row = {"simulator": name, "spec": spec,
                "turn": pooled([r["turn"] for r in per_seed], turn_oofs, real_turn_ids, a.n_boot, a.seed),
                "conversation": pooled([r["conversation"] for r in per_seed], conv_oofs, real_conv_ids, a.n_boot,

@@ -49,6 +49,16 @@ def _correct_and_contexts(oofs, ctx_index: dict) -> tuple[list[np.ndarray], list
     return correct, ctx
 
 
+def pooled_td_ci(oofs, real_ids: list[str], n_boot: int, seed: int) -> list[float]:
+    """95% CI of a td that is the mean over sampling seeds: held-out contexts resampled jointly for every seed.
+    `oofs`: one out-of-fold record per seed; `real_ids`: the contexts (resampling units)."""
+    from conversations.bootstrap import percentile_ci, pooled_panel_td, resample_counts
+
+    ctx_index = {rid: i for i, rid in enumerate(real_ids)}
+    boot = pooled_panel_td(*_correct_and_contexts(oofs, ctx_index), resample_counts(len(real_ids), n_boot, seed))
+    return list(percentile_ci(boot))
+
+
 def paired_differences(reports: dict, real_ids: list[str], n_boot: int, seed: int) -> dict:
     """td(arm) - td(other) for every pair of arms, each td the mean over its sampling seeds, with a 95% CI from
     resampling held-out contexts jointly (the same resample for every arm and seed). `reports[arm]`: {"td", "oof":
@@ -106,16 +116,10 @@ def score_arm(arm: str, res: dict, cfg, args, study, data, out: Path) -> tuple[d
         print(f"arm {arm} seed {seed}: td {rep['td']:.1f} (95% CI {rep['td_ci95'][0]:.1f}-{rep['td_ci95'][1]:.1f}), "
               f"auc {rep['auc']:.3f}, headline {rep['headline_detector']}", flush=True)
     del model
-    from conversations.bootstrap import percentile_ci, resample_counts
-    from conversations.bootstrap import pooled_panel_td
-
-    ctx_index = {r.id: i for i, r in enumerate(data.heldout)}
-    boot = pooled_panel_td(*_correct_and_contexts(oofs, ctx_index), resample_counts(len(data.heldout), study.n_boot,
-                                                                                     args.seed))
     tds = [r["td"] for r in per_seed]
     mean = lambda key: float(np.mean([r[key] for r in per_seed if r[key] is not None]))  # noqa: E731
     summary = {
-        "td": float(np.mean(tds)), "td_ci95": list(percentile_ci(boot)),
+        "td": float(np.mean(tds)), "td_ci95": pooled_td_ci(oofs, [r.id for r in data.heldout], study.n_boot, args.seed),
         "td_sd_over_seeds": float(np.std(tds, ddof=1)) if len(tds) > 1 else 0.0, "auc": mean("auc"),
         "log_loss": mean("log_loss"),
         "detectors": {d: {m: float(np.mean([r["detectors"][d][m] for r in per_seed])) for m in ("td", "auc")}
