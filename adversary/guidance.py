@@ -89,6 +89,55 @@ class Guide:
         return cls(disc, tuple(doc["platt"]), k if k is not None else doc["k"], doc["rule"], doc.get("report"))
 
 
+def split_by_conversation(records, fraction: float) -> tuple[list, list]:
+    """(fit, held back): whole conversations go to one side, chosen by a stable hash of the conversation id."""
+    import hashlib
+
+    def held(r) -> bool:
+        key = (r.conversation_id or r.id).encode()
+        return int(hashlib.sha1(key).hexdigest()[:8], 16) / 0xFFFFFFFF < fraction
+
+    return [r for r in records if not held(r)], [r for r in records if held(r)]
+
+
+def fit_guide(cfg, seed: int, records, sims, calib_fraction: float = 0.25, k: int = 4,
+              rule: str = "resample") -> Guide:
+    """The discriminator of `cfg` (`disc_weights`' members) fitted on the real turns of `records` against `sims`
+    (one simulated turn per record, same ids) for the conversations not held back, then Platt-scaled on the
+    held-back `calib_fraction` of conversations (pairs it was not trained on). The guide's report: item counts,
+    train accuracy, ECE / log-loss / accuracy before and after calibration, the members, the seconds it took."""
+    import time
+
+    from adversary.stages import make_discriminator
+    from conversations.schema import TurnRecord
+    from discriminator.calibration import PlattScaler, calibration_report
+
+    t0 = time.time()
+    sim_by_id = {s.id: TurnRecord(id=s.id + "@sim", context=s.context, user_turn=s.user_turn.strip() or "...",
+                                  conversation_id=s.conversation_id) for s in sims}
+    fit_ctx, cal_ctx = split_by_conversation(records, calib_fraction)
+    if not fit_ctx or not cal_ctx:
+        raise ValueError(f"fit_guide: {len(records)} contexts leave none to fit or none to calibrate on at "
+                         f"calib_fraction {calib_fraction}: give more contexts")
+
+    def labelled(ctx):
+        return list(ctx) + [sim_by_id[r.id] for r in ctx], np.asarray([1] * len(ctx) + [0] * len(ctx))
+
+    disc = make_discriminator(cfg, seed)
+    items, y = labelled(fit_ctx)
+    disc.pool_size = max(disc.pool_size, len(items))  # the whole fit set in its replay pool
+    disc.pool = type(disc.pool)(maxlen=disc.pool_size)
+    disc.fit(items, y, epochs=cfg.disc_epochs)
+    cal_items, cal_y = labelled(cal_ctx)
+    raw = disc.score(cal_items)
+    scaler = PlattScaler().fit(raw, cal_y)
+    report = {"fit_items": len(items), "calibration_items": len(cal_items), "platt": scaler.to_dict(),
+              "train_accuracy": float(np.mean((np.asarray(disc.score(items)) > 0) == (y == 1))),
+              "heldback": calibration_report(raw, cal_y, scaler), "seconds": round(time.time() - t0, 1),
+              "members": [m for m, w in zip(("neural", "classical"), disc.weights) if w > 0]}
+    return Guide(disc, (scaler.a, scaler.b), k, rule, report=report)
+
+
 GUIDE_DIR = "guide"  # inside an export: the guide's files, hashed with the rest
 
 

@@ -78,17 +78,6 @@ class GuidedConfig:
             raise ConfigError("test_contexts and val_contexts must be >= 20")
 
 
-def split_by_conversation(records, fraction: float) -> tuple[list, list]:
-    """(fit, held back): whole conversations go to one side, chosen by a stable hash of the conversation id."""
-    import hashlib
-
-    def held(r) -> bool:
-        key = (r.conversation_id or r.id).encode()
-        return int(hashlib.sha1(key).hexdigest()[:8], 16) / 0xFFFFFFFF < fraction
-
-    return [r for r in records if not held(r)], [r for r in records if held(r)]
-
-
 def pooled_difference(correct_a: list[np.ndarray], correct_b: list[np.ndarray], ctx: list[np.ndarray],
                       counts: np.ndarray) -> np.ndarray:
     """Bootstrap distribution [B] of mean over seeds of (panel td of a - panel td of b), both read on the same
@@ -107,44 +96,26 @@ def candidate_window(i: int, n_seeds: int, k: int, k_max: int) -> range:
 
 
 def _load_or_fit_discriminator(cfg, args, guided, data, engine, settings, out: Path):
-    from adversary.stages import make_discriminator
-    from conversations.schema import TurnRecord
-    from discriminator.calibration import PlattScaler, calibration_report
+    from adversary.guidance import fit_guide
+    from discriminator.calibration import PlattScaler
     from generator.sample import simulate_records
 
     ddir = out / (f"disc_{guided.disc_tag}" if guided.disc_tag else "disc")
+    scaler = PlattScaler()
     if (ddir / "calibration.json").exists():
         from adversary.discriminator import Discriminator
 
         doc = json.loads((ddir / "calibration.json").read_text())
-        disc = Discriminator.from_saved(ddir)
-        scaler = PlattScaler()
         scaler.a, scaler.b = doc["platt"]["a"], doc["platt"]["b"]
-        return disc, scaler, doc
-    disc = make_discriminator(cfg, args.seed)
+        return Discriminator.from_saved(ddir), scaler, doc
     t0 = time.time()
-    fit_ctx, cal_ctx = split_by_conversation(data.disc_fit, guided.calib_fraction)
     sims = simulate_records(engine, data.disc_fit, settings, seed=args.seed + 2)
-    sim_by_id = {s.id: TurnRecord(id=s.id + "@sim", context=s.context, user_turn=s.user_turn.strip() or "...",
-                                  conversation_id=s.conversation_id) for s in sims}
-
-    def labelled(ctx):
-        return list(ctx) + [sim_by_id[r.id] for r in ctx], np.asarray([1] * len(ctx) + [0] * len(ctx))
-
-    items, y = labelled(fit_ctx)
-    disc.pool_size = max(disc.pool_size, len(items))
-    disc.pool = type(disc.pool)(maxlen=disc.pool_size)
-    disc.fit(items, y, epochs=cfg.disc_epochs)
-    cal_items, cal_y = labelled(cal_ctx)
-    raw = disc.score(cal_items)
-    scaler = PlattScaler().fit(raw, cal_y)
-    doc = {"fit_items": len(items), "calibration_items": len(cal_items), "platt": scaler.to_dict(),
-           "train_accuracy": float(np.mean((disc.score(items) > 0) == (y == 1))),
-           "heldback": calibration_report(raw, cal_y, scaler), "seconds": round(time.time() - t0, 1),
-           "members": [k for k, w in zip(("neural", "classical"), disc.weights) if w > 0]}
-    disc.save(ddir)
+    guide = fit_guide(cfg, args.seed, data.disc_fit, sims, guided.calib_fraction)
+    doc = {**guide.report, "seconds": round(time.time() - t0, 1)}  # the simulation included
+    scaler.a, scaler.b = guide.platt
+    guide.disc.save(ddir)
     (ddir / "calibration.json").write_text(json.dumps(doc, indent=2))
-    return disc, scaler, doc
+    return guide.disc, scaler, doc
 
 
 def _pool(engine, data, settings, k_max: int, seed: int, out: Path):

@@ -9,8 +9,11 @@
 2. **The arms, each given the same wall time** (`arm_seconds`, on the same machine, one after the other; the steps
    each got are reported): `sft` continues SFT on fresh real turns; any other arm runs the adversarial phase of the
    main job (its discriminator's initial fit included in its time) with the config's settings changed by the arm's
-   spec, `LABEL:key=value,key=value` (e.g. `dpo_real:objective=dpo_rounds,round_chosen=real`). A trained arm
-   leaves DIR/runs/<arm>/ARM.json; rerunning an interrupted study reuses those arms and trains the rest.
+   spec, `LABEL:key=value,key=value` (e.g. `dpo_real:objective=dpo_rounds,round_chosen=real`). `guidance=K` in a
+   spec makes a guided arm (`sft_guided:guidance=4`): trained as its label says for arm_seconds - guide_seconds,
+   then a calibrated discriminator fitted on its own turns in the rest of its time keeps one of K sampled turns at
+   every turn it writes (`adversary.guidance`). A trained arm leaves DIR/runs/<arm>/ARM.json; rerunning an
+   interrupted study reuses those arms and trains the rest.
 3. **Each arm's sampling temperature is chosen on validation contexts** (`temperatures`, by the fast panel's td),
    so that no arm wins by only learning a temperature.
 4. **Scoring** (adversary/study_scoring.py), each arm as soon as it is trained: its final generator writes one turn
@@ -40,7 +43,7 @@ if __package__ in (None, ""):
 
 from conversations.cli_util import friendly_errors
 from conversations.config import ConfigError
-from adversary.study_scoring import (_panel_td, paired_differences, score_arm,  # noqa: F401 (_panel_td: tests)
+from adversary.study_scoring import (_panel_td, load_arm, paired_differences, score_arm,  # noqa: F401 (_panel_td: tests)
                                      score_conversations)
 
 
@@ -66,6 +69,14 @@ class StudyConfig:
         "help": "SFT steps of the shared warm start (0: warmstart_steps, no curve)."})
     plateau_eval_every: int = field(default=50, metadata={"help": "Steps between two readings of the plateau curve."})
     score_warmstart: bool = field(default=True, metadata={"help": "Also score the shared warm start as an arm."})
+    guide_contexts: int = field(default=2048, metadata={
+        "help": "A guided arm (`guidance=K` in its spec): the train contexts whose real turns and the arm's own turns "
+                "fit and calibrate its guide (the discriminator-fit contexts, then fresh ones from the train split)."})
+    guide_seconds: float = field(default=300.0, metadata={
+        "help": "A guided arm's share of arm_seconds kept for its guide: its training gets arm_seconds - guide_seconds, "
+                "then its guide is fitted on its own samples (simulation and fit measured, inside the arm's time)."})
+    guide_calib_fraction: float = field(default=0.25, metadata={
+        "help": "Share of the guide's contexts (whole conversations) held back to calibrate it on (Platt scaling)."})
     study_conversations: int = field(default=0, metadata={
         "help": "Held-out real conversations each arm also continues, once per seed (the meter's conversation level: "
                 "conversation td, termination F1, ends and turns per real; adversary.conversation_meter); 0: turns "
@@ -84,12 +95,24 @@ class StudyConfig:
             raise ConfigError("arm_seconds must be > 0")
         if not self.temperatures or min(self.temperatures) <= 0:
             raise ConfigError("temperatures must be a non-empty list of values > 0")
+        if not 0 < self.guide_seconds < self.arm_seconds and any(parse_arm(a)[2] for a in self.arms):
+            raise ConfigError(f"guide_seconds must be in (0, arm_seconds = {self.arm_seconds}) for a guided arm, got "
+                              f"{self.guide_seconds}")
+        if not 0.05 <= self.guide_calib_fraction <= 0.5 or self.guide_contexts < 64:
+            raise ConfigError("guide_calib_fraction must be in [0.05, 0.5] and guide_contexts >= 64")
         if self.plateau_steps < 0 or self.plateau_eval_every < 1:
             raise ConfigError("plateau_steps must be >= 0 and plateau_eval_every >= 1")
 
 
-def parse_arm(spec: str) -> tuple[str, dict[str, str]]:
-    """'LABEL:key=value,key=value' -> (LABEL, {key: value})."""
+GUIDE_KEYS = ("guidance", "guide_rule")  # an arm's keys that are not config fields: its guided decoding
+
+
+def parse_arm(spec: str) -> tuple[str, dict[str, str], dict]:
+    """'LABEL:key=value,key=value' -> (LABEL, {config key: value}, guidance). The guidance ({} when the arm has
+    none): `guidance=K` (K >= 2 candidates a turn) and `guide_rule=resample|argmax` (resample by default) make the
+    arm a guided one: trained as its label says, then decoded through a guide fitted on its own samples."""
+    from adversary.guidance import RULES
+
     label, _, rest = spec.partition(":")
     overrides = {}
     for kv in filter(None, rest.split(",")):
@@ -99,7 +122,17 @@ def parse_arm(spec: str) -> tuple[str, dict[str, str]]:
         overrides[k.strip()] = v.strip()
     if not label:
         raise ConfigError(f"arms: '{spec}' has no label")
-    return label, overrides
+    guide = {k: overrides.pop(k) for k in GUIDE_KEYS if k in overrides}
+    if guide:
+        try:
+            k = int(guide.get("guidance", ""))
+        except ValueError:
+            k = 0
+        rule = guide.get("guide_rule", "resample")
+        if k < 2 or rule not in RULES:
+            raise ConfigError(f"arms: '{spec}': a guided arm needs guidance=K with K >= 2 and guide_rule in {RULES}")
+        guide = {"k": k, "rule": rule}
+    return label, overrides, guide
 
 
 def parse(argv):
@@ -236,6 +269,39 @@ def run_adversarial_arm(cfg, args, study, data, start_model: str, out: Path) -> 
             "cotrain": state.cotrain_history}
 
 
+def run_guided_arm(run, cfg, args, study, data, start_model: str, out: Path, guide_spec: dict) -> dict:
+    """A guided arm: `run` (the SFT or the adversarial arm) trains for arm_seconds - guide_seconds, then the
+    trained simulator's own turns on `guide_contexts` train contexts (at the config's sampling temperature) and
+    their real turns fit and calibrate its guide (`adversary.guidance.fit_guide`), saved to OUT/guide. The wall time
+    reported is the whole arm's, the guide included."""
+    from adversary.guidance import fit_guide
+    from adversary.heldout import heldout_settings
+    from generator.engine import Engine
+    from generator.sample import simulate_records
+
+    t0 = time.time()
+    train_study = copy.copy(study)  # not dataclasses.replace: its checks would measure guide_seconds against the cut
+    train_study.arm_seconds = study.arm_seconds - study.guide_seconds
+    res = run(cfg, args, train_study, data, start_model, out)
+    t_guide = time.time()
+    contexts = data.disc_fit + data.rest[: max(0, study.guide_contexts - len(data.disc_fit))]
+    model, tok = load_arm(res["model_dir"], cfg, args)
+    settings = heldout_settings(cfg)
+    sims = simulate_records(Engine(model, tok, batch_size=cfg.sim_batch_size, precision=cfg.dtype), contexts,
+                            settings, seed=args.seed + 2)
+    guide = fit_guide(cfg, args.seed, contexts, sims, study.guide_calib_fraction, guide_spec["k"], guide_spec["rule"])
+    del model
+    guide.save(out / "guide")
+    cal = guide.report["heldback"]
+    print(f"guide: {guide.report['fit_items']} turns fitted, held-back pairs acc {cal['raw']['accuracy']:.3f}, ECE "
+          f"{cal['raw']['ece']:.3f} -> {cal['calibrated']['ece']:.3f}, {time.time() - t_guide:.0f}s", flush=True)
+    res["guide"] = {**guide_spec, "dir": str(out / "guide"), "report": guide.report, "fit_temperature":
+                    settings.temperature, "seconds": round(time.time() - t_guide, 1),
+                    "train_seconds": round(t_guide - t0, 1)}
+    res["wall_seconds"] = time.time() - t0
+    return res
+
+
 @friendly_errors
 def main(argv=None) -> int:
     from adversary.stages import prepare_data
@@ -256,19 +322,19 @@ def main(argv=None) -> int:
         cfg.warmstart_steps = study.plateau_steps  # the warm start's turns are drawn for the whole plateau run
     args.save_strategy = "no"
     arms = [parse_arm(a) for a in study.arms]
-    for _, overrides in arms:  # every arm's keys checked now, not after the warm start
+    for _, overrides, _ in arms:  # every arm's keys checked now, not after the warm start
         arm_config(cfg, args, overrides)
     (out / "arms").mkdir(parents=True, exist_ok=True)  # after the checks: a bad command line leaves nothing behind
     data = prepare_data(cfg, args.seed, val_contexts=study.val_contexts)
     print(f"study: {len(data.heldout)} test contexts x {len(study.study_seeds)} seeds, {len(data.val)} validation "
-          f"contexts, arms {[a for a, _ in arms]}, {study.arm_seconds:.0f}s each", flush=True)
+          f"contexts, arms {[a for a, _, _ in arms]}, {study.arm_seconds:.0f}s each", flush=True)
     write_jsonl(out / "real.jsonl", data.heldout)
 
     start_model, plateau = plateau_warm_start(cfg, args, study, data, out)
     (out / "plateau.json").write_text(json.dumps(plateau, indent=2))
-    todo = [("warmstart", {})] if study.score_warmstart else []
+    todo = [("warmstart", {}, {})] if study.score_warmstart else []
     summary, reports = {}, {}
-    for label, overrides in todo + arms:
+    for label, overrides, guide_spec in todo + arms:
         # each arm is trained, then scored at once: an interrupted study keeps every arm it finished
         if label == "warmstart":
             res = {"steps": 0, "model_dir": start_model, "wall_seconds": 0.0, "curve": []}
@@ -282,12 +348,17 @@ def main(argv=None) -> int:
             else:
                 print(f"arm {label}: training for {study.arm_seconds:.0f}s", flush=True)
                 run = run_sft_arm if label.startswith("sft") else run_adversarial_arm
-                res = run(arm_cfg, arm_args, study, data, start_model, arm_out)
+                if guide_spec:
+                    res = run_guided_arm(run, arm_cfg, arm_args, study, data, start_model, arm_out, guide_spec)
+                else:
+                    res = run(arm_cfg, arm_args, study, data, start_model, arm_out)
                 res["overrides"] = overrides
                 (arm_out / "ARM.json").write_text(json.dumps(res, default=float))
                 print(f"arm {label}: {res['steps']} steps in {res['wall_seconds']:.0f}s", flush=True)
         summary[label], oofs = score_arm(label, res, cfg, args, study, data, out)
-        if study.study_conversations:
+        if study.study_conversations and res.get("guide"):
+            summary[label]["conversation"] = {"not_measured": "the conversation meter does not take a guide"}
+        elif study.study_conversations:
             summary[label]["conversation"] = score_conversations(label, res, cfg, args, study, data, out,
                                                                  summary[label]["temperature"])
         reports[label] = {"td": summary[label]["td"], "oof": oofs}

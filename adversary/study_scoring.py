@@ -19,14 +19,36 @@ def load_arm(model_dir: str, cfg, args):
     return load_generator(model_dir, trust_remote_code=args.trust_remote_code, dtype=inference_dtype(cfg.dtype))
 
 
-def choose_temperature(model, tok, cfg, study, data, seed: int) -> tuple[float, dict]:
-    """The temperature with the lowest fast-panel td on the validation contexts (ties: the one nearest 1)."""
-    from adversary.heldout import heldout_settings, simulate_heldout
+def simulate_arm(model, tok, records, cfg, settings, seed: int, guide=None) -> tuple[list, dict]:
+    """One turn per context: sampled (no guide, or K = 1), or kept by the arm's guide from K candidates drawn from
+    one prefill (`adversary.guidance`). -> (turns, {"guide_ess": mean Kish ESS of the weights, "guide_logodds_kept":
+    mean calibrated log-odds of the kept turns}; empty without a guide)."""
+    from adversary.guidance import choose, effective_sample_size
+    from adversary.heldout import HELDOUT_SEED, simulate_heldout
+    from generator.engine import Engine
+    from generator.sample import simulate_candidates
+
+    if guide is None or guide.k == 1:
+        return simulate_heldout(model, tok, records, cfg, seed=seed, precision=cfg.dtype, settings=settings), {}
+    engine = Engine(model, tok, batch_size=cfg.sim_batch_size, precision=cfg.dtype)
+    groups = simulate_candidates(engine, records, settings, guide.k, seed=seed)
+    z = guide.logodds([c for g in groups for c in g]).reshape(len(groups), guide.k)  # (n, K) calibrated log-odds
+    pick = choose(z, guide.rule, np.random.default_rng(seed + HELDOUT_SEED))
+    kept = [g[j] for g, j in zip(groups, pick)]
+    return kept, {"guide_ess": float(np.mean(effective_sample_size(z))),
+                  "guide_logodds_kept": float(np.mean(z[np.arange(len(groups)), pick])),
+                  "guide_logodds_mean": float(np.mean(z))}
+
+
+def choose_temperature(model, tok, cfg, study, data, seed: int, guide=None) -> tuple[float, dict]:
+    """The temperature with the lowest fast-panel td on the validation contexts (ties: the one nearest 1); a guided
+    arm chooses with its guide on."""
+    from adversary.heldout import HELDOUT_SEED, heldout_settings
     from discriminator.turing import measure_td
 
     tds = {}
     for t in study.temperatures:
-        sims = simulate_heldout(model, tok, data.val, cfg, precision=cfg.dtype, settings=heldout_settings(cfg, t))
+        sims, _ = simulate_arm(model, tok, data.val, cfg, heldout_settings(cfg, t), HELDOUT_SEED, guide)
         tds[t] = measure_td(data.val, sims, detectors=("classical", "style"), folds=study.study_folds, seed=seed,
                             n_boot=200)["td"]
     best = min(tds, key=lambda t: (round(tds[t], 6), abs(t - 1.0)))
@@ -85,7 +107,7 @@ def score_arm(arm: str, res: dict, cfg, args, study, data, out: Path) -> tuple[d
     `study_seeds`, each seed scored by the panel: (the arm's summary, its out-of-fold records, one per seed). Cached
     in OUT/arms/<arm>.score.json (a rerun of an interrupted study scores only the arms not yet scored); every seed's
     turns in OUT/arms/<arm>.jsonl (the first seed) and <arm>.seed<N>.jsonl (the others), for re-scoring."""
-    from adversary.heldout import heldout_settings, simulate_heldout
+    from adversary.heldout import heldout_settings
     from conversations.loaders import write_jsonl
     from discriminator.turing import measure_td
     from generator.diagnostics import jsonable, realism_diagnostics
@@ -97,11 +119,17 @@ def score_arm(arm: str, res: dict, cfg, args, study, data, out: Path) -> tuple[d
         return doc["summary"], doc["oof"]
     t0 = time.time()
     model, tok = load_arm(res["model_dir"], cfg, args)
-    temp, val_tds = choose_temperature(model, tok, cfg, study, data, args.seed)
-    per_seed, oofs, first = [], [], None
+    guide = None
+    if res.get("guide"):
+        from adversary.guidance import Guide
+
+        guide = Guide.load(res["guide"]["dir"])
+    temp, val_tds = choose_temperature(model, tok, cfg, study, data, args.seed, guide)
+    per_seed, oofs, first, sim_seconds = [], [], None, 0.0
     for i, seed in enumerate(study.study_seeds):
-        sims = simulate_heldout(model, tok, data.heldout, cfg, seed=seed, precision=cfg.dtype,
-                                settings=heldout_settings(cfg, temp))
+        t_sim = time.time()
+        sims, guide_diag = simulate_arm(model, tok, data.heldout, cfg, heldout_settings(cfg, temp), seed, guide)
+        sim_seconds += time.time() - t_sim
         write_jsonl(out / "arms" / (f"{arm}.jsonl" if i == 0 else f"{arm}.seed{seed}.jsonl"), sims)
         rep = measure_td(data.heldout, sims, detectors=tuple(study.study_detectors), folds=study.study_folds,
                          seed=args.seed, n_boot=study.n_boot, return_scores=True)
@@ -111,7 +139,7 @@ def score_arm(arm: str, res: dict, cfg, args, study, data, out: Path) -> tuple[d
         per_seed.append({"seed": seed, "td": rep["td"], "td_ci95": rep["td_ci95"], "auc": rep["auc"],
                          "log_loss": rep.get("log_loss"), "headline_detector": rep["headline_detector"],
                          "detectors": {d: {k: v.get(k) for k in ("td", "td_ci95", "auc", "log_loss")}
-                                       for d, v in rep["detectors"].items()}})
+                                       for d, v in rep["detectors"].items()}, **guide_diag})
         first = first or sims
         print(f"arm {arm} seed {seed}: td {rep['td']:.1f} (95% CI {rep['td_ci95'][0]:.1f}-{rep['td_ci95'][1]:.1f}), "
               f"auc {rep['auc']:.3f}, headline {rep['headline_detector']}", flush=True)
@@ -129,6 +157,9 @@ def score_arm(arm: str, res: dict, cfg, args, study, data, out: Path) -> tuple[d
         "diagnostics": jsonable(realism_diagnostics(first, data.heldout)), "steps": res["steps"],
         "train_wall_seconds": round(res["wall_seconds"], 1), "score_wall_seconds": round(time.time() - t0, 1),
         "overrides": res.get("overrides", {}), "curve": res["curve"], "cotrain": res.get("cotrain", []),
+        # the test turns' sampling time per kept turn: what a guide's K candidates cost at inference
+        "seconds_per_turn": sim_seconds / (len(study.study_seeds) * len(data.heldout)),
+        "guide": res.get("guide"),
     }
     cache.write_text(json.dumps({"summary": summary, "oof": oofs}, default=float))
     print(f"arm {arm}: td {summary['td']:.1f} (mean of {len(tds)} seeds, sd {summary['td_sd_over_seeds']:.1f}; 95% CI "

@@ -4,8 +4,8 @@ paired difference."""
 import numpy as np
 import pytest
 
-from adversary.guidance import choose, effective_sample_size
-from adversary.guided import GuidedConfig, candidate_window, pooled_difference, split_by_conversation
+from adversary.guidance import Guide, choose, effective_sample_size, split_by_conversation
+from adversary.guided import GuidedConfig, candidate_window, pooled_difference
 from adversary.heldout import mean_rows
 from conversations import TurnRecord
 from conversations.config import ConfigError
@@ -123,6 +123,34 @@ def test_guide_picks_the_real_looking_candidate_and_round_trips(tmp_path):
     assert back.k == 5 and back.rule == "resample"
     items = groups[0]
     assert np.allclose(back.logodds(items), guide.logodds(items))
+
+
+def test_fit_guide_fits_on_some_conversations_and_calibrates_on_the_others():
+    from adversary.config import AdversaryConfig
+    from adversary.guidance import fit_guide
+
+    ctx = [{"role": "assistant", "content": "How can I help?"}]
+    terse = ["fix my code pls", "why does it crash", "make it shorter", "ok and in python?", "no, the other one",
+             "thx. more examples", "wrong answer", "explain like im 5"]
+    polite = ["Certainly! I would be delighted to assist you.", "Thank you so much for your help!",
+              "Could you please elaborate further on the topic?", "I appreciate your detailed response.",
+              "Please provide a comprehensive overview.", "That is very helpful, thank you kindly.",
+              "I would like to know more about this.", "Would you be so kind as to explain?"]
+    real = [TurnRecord(id=f"c{i}_t", context=ctx, user_turn=terse[i % 8] + f" {i}", conversation_id=f"c{i}")
+            for i in range(80)]
+    sims = [TurnRecord(id=r.id, context=ctx, user_turn=polite[i % 8], conversation_id=r.conversation_id)
+            for i, r in enumerate(real)]
+    guide = fit_guide(AdversaryConfig(disc_weights=[0.0, 1.0]), 0, real, sims, calib_fraction=0.25, k=4)
+    rep = guide.report
+    fit, held = split_by_conversation(real, 0.25)
+    assert (rep["fit_items"], rep["calibration_items"]) == (2 * len(fit), 2 * len(held))
+    assert rep["members"] == ["classical"] and guide.k == 4 and guide.rule == "resample"
+    assert rep["heldback"]["raw"]["accuracy"] == 1.0  # separable: every held-back pair told apart
+    assert guide.platt[0] > 0  # the calibrated log-odds keep the raw ones' order
+    groups = [[TurnRecord(id="x", context=ctx, user_turn=t) for t in (polite[0], "fix it pls", polite[3], polite[5])]]
+    assert Guide(guide.disc, guide.platt, 4, "argmax").pick(groups, np.random.default_rng(0)).tolist() == [1]
+    with pytest.raises(ValueError, match="more contexts"):
+        fit_guide(AdversaryConfig(disc_weights=[0.0, 1.0]), 0, real[:1], sims[:1])
 
 
 def test_a_guided_export_is_hashed_and_load_simulator_uses_its_guide(tmp_path, tiny_lm_path):

@@ -41,8 +41,15 @@ def test_arm_specs_parse_and_override_typed_fields():
     from conversations.config import ConfigError
 
     assert parse_arm("dpo_real:objective=dpo_rounds,round_chosen=real, dpo_beta=0.2") == (
-        "dpo_real", {"objective": "dpo_rounds", "round_chosen": "real", "dpo_beta": "0.2"})
-    assert parse_arm("sft") == ("sft", {})
+        "dpo_real", {"objective": "dpo_rounds", "round_chosen": "real", "dpo_beta": "0.2"}, {})
+    assert parse_arm("sft") == ("sft", {}, {})
+    # the guidance keys are the arm's, not the config's
+    assert parse_arm("sft_guided:guidance=4,dpo_beta=0.2") == ("sft_guided", {"dpo_beta": "0.2"},
+                                                                {"k": 4, "rule": "resample"})
+    assert parse_arm("g:guidance=2,guide_rule=argmax")[2] == {"k": 2, "rule": "argmax"}
+    for bad in ("g:guidance=1", "g:guidance=four", "g:guidance=4,guide_rule=best"):
+        with pytest.raises(ConfigError, match="guided arm"):
+            parse_arm(bad)
 
     class Args:
         learning_rate = 1e-4
@@ -63,20 +70,28 @@ def test_study_smoke(tmp_path):
     out = tmp_path / "study"
     cmd = [sys.executable, "-m", "adversary.study", "--config", str(ROOT / "configs" / "smoke.yaml"), "--out", str(out),
            "--arms", "dpo:objective=dpo_rounds,round_chosen=real,round_contexts=8,dpo_batch_size=4,dpo_micro_batch=2",
-           "sft", "--arm_seconds", "6", "--study_contexts", "24", "--val_contexts", "24", "--temperatures", "0.8", "1.0",
+           "sft", "sft_guided:guidance=3", "--guide_seconds", "3", "--guide_contexts", "64",
+           "--arm_seconds", "6", "--study_contexts", "24", "--val_contexts", "24", "--temperatures", "0.8", "1.0",
            "--study_detectors", "classical", "style", "--study_folds", "3", "--n_boot", "100", "--plateau_steps", "4",
            "--plateau_eval_every", "2", "--study_seeds", "3001", "3002"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     study = json.loads((out / "study.json").read_text())
-    assert set(study["arms"]) == {"warmstart", "dpo", "sft"}
+    assert set(study["arms"]) == {"warmstart", "dpo", "sft", "sft_guided"}
     assert [p["step"] for p in study["plateau"]] == [2, 4] and all(p["val_ppl"] > 1 for p in study["plateau"])
     for arm in ("dpo", "sft"):
         a = study["arms"][arm]
         # a rounds arm does not start a round it cannot finish in what is left (less than half the last one's time)
         assert a["steps"] >= 1 and (3 if arm == "dpo" else 6) <= a["train_wall_seconds"] < 60, \
             (arm, a["steps"], a["train_wall_seconds"])
-    for arm in ("dpo", "sft", "warmstart"):
+    # the guided arm: SFT for 6 - 3 s, then its guide fitted on its own turns inside the arm's time, and every turn
+    # it writes kept from 3 candidates
+    g = study["arms"]["sft_guided"]
+    assert g["guide"]["k"] == 3 and g["guide"]["train_seconds"] < g["train_wall_seconds"]
+    assert g["guide"]["report"]["fit_items"] + g["guide"]["report"]["calibration_items"] == 2 * 64
+    assert (out / "runs" / "sft_guided" / "guide" / "guide.json").exists()
+    assert all(1 <= r["guide_ess"] <= 3 for r in g["per_seed"]) and study["arms"]["sft"].get("guide") is None
+    for arm in ("dpo", "sft", "warmstart", "sft_guided"):
         a = study["arms"][arm]
         assert 0 <= a["td_ci95"][0] <= a["td"] <= a["td_ci95"][1] <= 50
         assert a["temperature"] in (0.8, 1.0) and set(a["val_td_by_temperature"]) == {"0.8", "1.0"}
@@ -93,10 +108,11 @@ def test_study_smoke(tmp_path):
     # the conversation level, adds it to each arm
     r = subprocess.run(cmd + ["--study_conversations", "20"], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert r.stdout.count("reusing its scoring") == 3 and "training for" not in r.stdout
+    assert r.stdout.count("reusing its scoring") == 4 and "training for" not in r.stdout
     again = json.loads((out / "study.json").read_text())
     assert again["differences"] == study["differences"]
     for arm in ("dpo", "sft", "warmstart"):
         conv = again["arms"][arm]["conversation"]
         assert 0 <= conv["conv/td"] <= 50 and [s["seed"] for s in conv["per_seed"]] == [3001, 3002]
         assert conv["conv/conversations"] == 20
+    assert "not_measured" in again["arms"]["sft_guided"]["conversation"]
