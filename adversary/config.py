@@ -27,7 +27,8 @@ RANGES = {
     "resample_candidates": ">= 2", "resample_real_share": "[0, 1]", "tailr_gamma": "[0, 1]", "heldout_contexts": ">= 20", "heldout_folds": ">= 2", "meter_seeds": ">= 1", "heldout_max_new_tokens": ">= 1",
     "sim_batch_size": ">= 1", "sim_temperature": "> 0", "sim_top_p": "(0, 1]", "gate_patience": ">= 1",
     "gate_min_delta": ">= 0", "gate_target_td": "[0, 50]", "gate_smooth": ">= 1", "conv_contexts": ">= 0",
-    "conv_max_turns": ">= 1", "end_calibration_contexts": ">= 8",
+    "conv_max_turns": ">= 1", "end_calibration_contexts": ">= 8", "export_guidance": ">= 1",
+    "export_guide_contexts": ">= 64",
 }
 
 
@@ -180,6 +181,17 @@ class AdversaryConfig(LoraArgs):
 
     # ---- export
     export_dir: str | None = field(default=None, metadata={"help": "Where the frozen simulator goes (default OUTPUT_DIR/frozen)."})
+    export_guidance: int = field(default=1, metadata={
+        "help": "K > 1: the export carries a guide, a calibrated discriminator (the classical member, the family whose "
+                "signal reached fresh detectors in the go/no-go) fitted on the exported simulator's own turns, and its "
+                "users keep one of K sampled turns by it (`adversary.guidance`; `frozen:DIR#guidance=1` turns it "
+                "off). 1: no guide."})
+    export_guide_contexts: int = field(default=1024, metadata={
+        "help": "Train contexts (the discriminator-fit ones, then fresh ones) whose real turns and the export's own turns "
+                "fit the guide; a quarter of their conversations is held back to calibrate it."})
+    export_guide_rule: str = field(default="resample", metadata={
+        "help": "How the guide keeps one of K: resample (by D/(1-D), the rule that held its length at the real "
+                "median) or argmax."})
 
     def __post_init__(self):
         from adversary.objectives import available as available_objectives
@@ -208,6 +220,8 @@ class AdversaryConfig(LoraArgs):
             (self.gate_level == "turn" or self.conv_contexts >= 20, "gate_level",
              "gate_level conversation needs conv_contexts >= 20 (the conversations it reads)"),
             (self.end_decision in ("sampled", "calibrated"), "end_decision", "end_decision must be sampled or calibrated"),
+            (self.export_guide_rule in ("resample", "argmax"), "export_guide_rule",
+             "export_guide_rule must be resample or argmax"),
             (self.dpo_batch_size % self.dpo_micro_batch == 0, "dpo_batch_size",
              "dpo_batch_size must be a multiple of dpo_micro_batch"),
         ]

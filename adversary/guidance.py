@@ -100,15 +100,14 @@ def split_by_conversation(records, fraction: float) -> tuple[list, list]:
     return [r for r in records if not held(r)], [r for r in records if held(r)]
 
 
-def fit_guide(cfg, seed: int, records, sims, calib_fraction: float = 0.25, k: int = 4,
-              rule: str = "resample") -> Guide:
-    """The discriminator of `cfg` (`disc_weights`' members) fitted on the real turns of `records` against `sims`
+def fit_guide(disc, records, sims, calib_fraction: float = 0.25, k: int = 4, rule: str = "resample",
+              epochs: int = 2) -> Guide:
+    """`disc` (an unfitted `adversary.discriminator.Discriminator`) fitted on the real turns of `records` against `sims`
     (one simulated turn per record, same ids) for the conversations not held back, then Platt-scaled on the
     held-back `calib_fraction` of conversations (pairs it was not trained on). The guide's report: item counts,
     train accuracy, ECE / log-loss / accuracy before and after calibration, the members, the seconds it took."""
     import time
 
-    from adversary.stages import make_discriminator
     from conversations.schema import TurnRecord
     from discriminator.calibration import PlattScaler, calibration_report
 
@@ -123,11 +122,10 @@ def fit_guide(cfg, seed: int, records, sims, calib_fraction: float = 0.25, k: in
     def labelled(ctx):
         return list(ctx) + [sim_by_id[r.id] for r in ctx], np.asarray([1] * len(ctx) + [0] * len(ctx))
 
-    disc = make_discriminator(cfg, seed)
     items, y = labelled(fit_ctx)
     disc.pool_size = max(disc.pool_size, len(items))  # the whole fit set in its replay pool
     disc.pool = type(disc.pool)(maxlen=disc.pool_size)
-    disc.fit(items, y, epochs=cfg.disc_epochs)
+    disc.fit(items, y, epochs=epochs)
     cal_items, cal_y = labelled(cal_ctx)
     raw = disc.score(cal_items)
     scaler = PlattScaler().fit(raw, cal_y)

@@ -97,6 +97,7 @@ def candidate_window(i: int, n_seeds: int, k: int, k_max: int) -> range:
 
 def _load_or_fit_discriminator(cfg, args, guided, data, engine, settings, out: Path):
     from adversary.guidance import fit_guide
+    from adversary.stages import make_discriminator
     from discriminator.calibration import PlattScaler
     from generator.sample import simulate_records
 
@@ -110,7 +111,8 @@ def _load_or_fit_discriminator(cfg, args, guided, data, engine, settings, out: P
         return Discriminator.from_saved(ddir), scaler, doc
     t0 = time.time()
     sims = simulate_records(engine, data.disc_fit, settings, seed=args.seed + 2)
-    guide = fit_guide(cfg, args.seed, data.disc_fit, sims, guided.calib_fraction)
+    guide = fit_guide(make_discriminator(cfg, args.seed), data.disc_fit, sims, guided.calib_fraction,
+                      epochs=cfg.disc_epochs)
     doc = {**guide.report, "seconds": round(time.time() - t0, 1)}  # the simulation included
     scaler.a, scaler.b = guide.platt
     guide.disc.save(ddir)

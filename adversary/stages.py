@@ -318,8 +318,10 @@ def write_summary(out: Path, state, base: dict | None, frozen: Path, t_start: fl
 
 
 
-def export_best(cfg, args, best_dir: Path, manifest: dict) -> Path:
-    """Merge the best checkpoint's adapter into its base and write the frozen export (atomic, hashed, read-only)."""
+def export_best(cfg, args, best_dir: Path, manifest: dict, data: RunData | None = None) -> Path:
+    """Merge the best checkpoint's adapter into its base and write the frozen export (atomic, hashed, read-only);
+    with `export_guidance` K > 1, its guide is fitted on the merged simulator's own turns first and goes into the
+    export (hashed with the rest) and into its manifest."""
     from accelerate import PartialState
 
     from adversary.export import export_frozen
@@ -329,6 +331,43 @@ def export_best(cfg, args, best_dir: Path, manifest: dict) -> Path:
     if PartialState().is_main_process:
         model, tok = load_generator(str(best_dir), trust_remote_code=args.trust_remote_code)  # adapter merged
         model.generation_config.do_sample = True
-        export_frozen(model, tok, out, manifest)
+        extra = None
+        if cfg.export_guidance > 1:
+            from adversary.guidance import GUIDE_DIR
+
+            guide = export_guide(cfg, args, model, tok, data, manifest)
+            extra = lambda folder: guide.save(Path(folder) / GUIDE_DIR)  # noqa: E731
+        export_frozen(model, tok, out, manifest, extra=extra)
     PartialState().wait_for_everyone()
     return out
+
+
+def export_guide(cfg, args, model, tok, data: RunData, manifest: dict):
+    """The export's guide (`adversary.guidance.fit_guide`): the classical discriminator fitted on the real turns of
+    `export_guide_contexts` train contexts against the export's own turns there, at the export's sampling settings,
+    and calibrated on a held-back quarter of their conversations. Adds manifest["guidance"]."""
+    import copy
+
+    from adversary.guidance import GUIDE_DIR, fit_guide
+    from generator.engine import Engine, SamplingSettings
+    from generator.sample import simulate_records
+
+    if data is None:
+        raise ValueError("export_guidance > 1 needs the run's data (the guide's train contexts)")
+    t0 = time.time()
+    contexts = data.disc_fit + data.rest[: max(0, cfg.export_guide_contexts - len(data.disc_fit))]
+    settings = SamplingSettings.from_dict(manifest["sampling"])
+    engine = Engine(model, tok, batch_size=cfg.sim_batch_size, precision=cfg.dtype)
+    sims = simulate_records(engine, contexts, settings, seed=args.seed + 2)
+    guide_cfg = copy.copy(cfg)
+    guide_cfg.disc_weights = [0.0, 1.0]  # the classical member: its signal reached fresh detectors (docs/results.md)
+    guide = fit_guide(make_discriminator(guide_cfg, args.seed), contexts, sims, 0.25, cfg.export_guidance,
+                      cfg.export_guide_rule, epochs=cfg.disc_epochs)
+    cal = guide.report["heldback"]
+    manifest["guidance"] = {"k": guide.k, "rule": guide.rule, "dir": GUIDE_DIR, "members": guide.report["members"],
+                            "calibration": cal, "fit_items": guide.report["fit_items"],
+                            "seconds": round(time.time() - t0, 1), "source": "the main job's export stage"}
+    print(f"export guide: K={guide.k} ({guide.rule}), {guide.report['fit_items']} turns fitted, held-back pairs acc "
+          f"{cal['raw']['accuracy']:.3f}, ECE {cal['raw']['ece']:.3f} -> {cal['calibrated']['ece']:.3f}, "
+          f"{time.time() - t0:.0f}s", flush=True)
+    return guide

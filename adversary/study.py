@@ -276,6 +276,7 @@ def run_guided_arm(run, cfg, args, study, data, start_model: str, out: Path, gui
     reported is the whole arm's, the guide included."""
     from adversary.guidance import fit_guide
     from adversary.heldout import heldout_settings
+    from adversary.stages import make_discriminator
     from generator.engine import Engine
     from generator.sample import simulate_records
 
@@ -289,7 +290,8 @@ def run_guided_arm(run, cfg, args, study, data, start_model: str, out: Path, gui
     settings = heldout_settings(cfg)
     sims = simulate_records(Engine(model, tok, batch_size=cfg.sim_batch_size, precision=cfg.dtype), contexts,
                             settings, seed=args.seed + 2)
-    guide = fit_guide(cfg, args.seed, contexts, sims, study.guide_calib_fraction, guide_spec["k"], guide_spec["rule"])
+    guide = fit_guide(make_discriminator(cfg, args.seed), contexts, sims, study.guide_calib_fraction, guide_spec["k"],
+                      guide_spec["rule"], epochs=cfg.disc_epochs)
     del model
     guide.save(out / "guide")
     cal = guide.report["heldback"]

@@ -116,7 +116,8 @@ def main(argv=None) -> int:
     stages.check_faults(cfg, state)
     # 6. export the best checkpoint by held-out td (not the last), then the run's summary
     with timer("export"):
-        frozen = stages.export_best(cfg, args, out / "best", stages.manifest(cfg, args, data, state, start_model, base))
+        frozen = stages.export_best(cfg, args, out / "best", stages.manifest(cfg, args, data, state, start_model, base),
+                                    data)
     stages.write_summary(out, state, base, frozen, t_start, timer, threads=threads.to_dict())
     return 0
 

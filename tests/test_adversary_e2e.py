@@ -32,7 +32,7 @@ def curve_steps(out):
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("smoke")
-    r = launch(out, "--eval_base_model", "true")
+    r = launch(out, "--eval_base_model", "true", "--export_guidance", "3", "--export_guide_contexts", "64")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return out, r
 
@@ -55,6 +55,14 @@ def test_smoke_outputs(smoke_run):
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(out / "frozen")
+    # the export's guide: fitted on the exported simulator's own turns, hashed with the rest, used by its users
+    g = manifest["guidance"]
+    assert (g["k"], g["rule"], g["members"], g["fit_items"] > 0) == (3, "resample", ["classical"], True)
+    assert any(f.startswith("guide/") for f in manifest["files"]) and "export guide: K=3" in r.stdout
+    from agent_rl.users import load_simulator
+
+    assert load_simulator(f"frozen:{out / 'frozen'}").guide.k == 3
+    assert load_simulator(f"frozen:{out / 'frozen'}#guidance=1").guide is None
     # the best checkpoint, not the last, is exported
     best = json.loads((out / "best" / "best.json").read_text())
     assert manifest["best"]["step"] == best["step"] and manifest["best"]["td"] == min(r["td/panel"] for r in manifest["td_curve"])

@@ -140,7 +140,9 @@ def test_fit_guide_fits_on_some_conversations_and_calibrates_on_the_others():
             for i in range(80)]
     sims = [TurnRecord(id=r.id, context=ctx, user_turn=polite[i % 8], conversation_id=r.conversation_id)
             for i, r in enumerate(real)]
-    guide = fit_guide(AdversaryConfig(disc_weights=[0.0, 1.0]), 0, real, sims, calib_fraction=0.25, k=4)
+    from adversary.stages import make_discriminator
+
+    guide = fit_guide(make_discriminator(AdversaryConfig(disc_weights=[0.0, 1.0]), 0), real, sims, 0.25, k=4)
     rep = guide.report
     fit, held = split_by_conversation(real, 0.25)
     assert (rep["fit_items"], rep["calibration_items"]) == (2 * len(fit), 2 * len(held))
@@ -150,7 +152,7 @@ def test_fit_guide_fits_on_some_conversations_and_calibrates_on_the_others():
     groups = [[TurnRecord(id="x", context=ctx, user_turn=t) for t in (polite[0], "fix it pls", polite[3], polite[5])]]
     assert Guide(guide.disc, guide.platt, 4, "argmax").pick(groups, np.random.default_rng(0)).tolist() == [1]
     with pytest.raises(ValueError, match="more contexts"):
-        fit_guide(AdversaryConfig(disc_weights=[0.0, 1.0]), 0, real[:1], sims[:1])
+        fit_guide(make_discriminator(AdversaryConfig(disc_weights=[0.0, 1.0]), 0), real[:1], sims[:1])
 
 
 def test_a_guided_export_is_hashed_and_load_simulator_uses_its_guide(tmp_path, tiny_lm_path):
