@@ -17,7 +17,8 @@ td is the mean over the seeds with a CI from resampling contexts (conversations)
 simulator after the first gets its paired difference to the first at both levels (the same resample for both: the
 study's protocol, adversary.study_scoring.paired_differences).
 Simulators: `hf:MODEL` (a model prompted as a user in the simulator's format: the un-tuned base, a warm start),
-`frozen:DIR` (an export, hashes checked, at the sampling settings it records), `openai:MODEL@URL`.
+`frozen:DIR` (an export, hashes checked, at the sampling settings it records; a guided export keeps one of the K
+turns it records by its guide, `frozen:DIR#guidance=1` samples it unguided), `openai:MODEL@URL`.
 Writes OUT/compare.json, OUT/compare.md (the table) and OUT/compare.png.
 """
 
@@ -37,28 +38,43 @@ from conversations.cli_util import friendly_errors
 
 
 class EngineSimulator:
-    """A local simulator (hf: or frozen:) behind the two calls the comparison needs."""
+    """A local simulator (hf: or frozen:) behind the two calls the comparison needs. A guided export keeps one of K
+    sampled turns by its guide at both levels (`adversary.guidance`; `frozen:DIR#guidance=1` turns it off)."""
 
     def __init__(self, spec: str, precision: str, batch_size: int, settings):
         from adversary.export import load_local_simulator
+        from adversary.guidance import load_export_guide, split_guidance
         from generator.engine import SamplingSettings
 
-        kind, _, rest = spec.partition(":")
+        body, guidance = split_guidance(spec)
+        kind, _, rest = body.partition(":")
         self.engine, manifest = load_local_simulator(kind, rest, precision=precision, batch_size=batch_size)
         if manifest and manifest.get("sampling"):  # an export at the settings it was measured with
             settings = SamplingSettings.from_dict(manifest["sampling"])
+        self.guide = load_export_guide(rest, manifest, guidance) if kind == "frozen" else None
         self.settings, self.spec = settings, spec
+
+    def _guided(self, contexts, goals, personas, seed):
+        from adversary.guidance import guided_turns
+
+        return guided_turns(self.engine, self.guide, contexts, self.settings, goals=goals, personas=personas,
+                            seed=seed)[0]
 
     def turns(self, records, seed: int):
         from generator.sample import simulate_records
 
+        if self.guide is not None:
+            from adversary.guidance import guided_records
+
+            return guided_records(self.engine, self.guide, records, self.settings, seed=seed)[0]
         return simulate_records(self.engine, records, self.settings, seed=seed)
 
     def conversations(self, assistant, seeds, ids, max_turns: int, seed: int):
         from generator.dialogue import simulate_conversations
 
         return simulate_conversations(self.engine, assistant, self.settings, contexts=seeds, ids=ids,
-                                      max_turns=max_turns, seed=seed)
+                                      max_turns=max_turns, seed=seed,
+                                      turns_fn=self._guided if self.guide is not None else None)
 
 
 class EndpointSimulator:
@@ -106,10 +122,13 @@ def make_simulator(spec: str, precision: str, batch_size: int, settings):
 
 
 def label(spec: str) -> str:
-    kind, _, rest = spec.partition(":")
+    from adversary.guidance import split_guidance
+
+    body, guidance = split_guidance(spec)
+    kind, _, rest = body.partition(":")
     if kind in ("hf", "frozen") and "/" in rest:
         parts = Path(rest).parts
-        return f"{kind}:{'/'.join(parts[-2:])}"
+        return f"{kind}:{'/'.join(parts[-2:])}" + (f"#guidance={guidance}" if guidance is not None else "")
     return spec if kind != "openai" else f"openai:{rest.partition('@')[0]}"
 
 
@@ -153,8 +172,13 @@ def parse(argv):
         raise DataError(f"--temperature must be > 0, got {a.temperature}")
     if a.seeds is not None and (len(set(a.seeds)) != len(a.seeds) or min(a.seeds) < 0):
         raise DataError(f"--seeds must be distinct seeds >= 0, got {a.seeds}")
+    from adversary.guidance import split_guidance
+
     for spec in a.simulators:
-        kind, _, rest = spec.partition(":")
+        body, guidance = split_guidance(spec)
+        kind, _, rest = body.partition(":")
+        if guidance is not None and kind != "frozen":
+            raise DataError(f"simulator '{spec}': #guidance= needs a frozen export that carries a guide")
         if kind == "hf":
             from conversations.assets import check_model_name
 

@@ -1,7 +1,12 @@
 """The main job's configuration: `AdversaryConfig` (ours) beside TRL's `GRPOConfig` (optimiser, schedule, GRPO,
 `output_dir`, `seed`, `report_to`, `max_steps`, `eval_steps`, `save_steps`, `trust_remote_code` (off unless asked
-for; used for every model the job loads)). YAML files in `configs/` are presets of
-both; any key can be overridden on the command line (`--key value`)."""
+for; used for every model the job loads)). YAML files in `configs/` are presets of both; any key can be overridden
+on the command line (`--key value`).
+
+`AdversaryConfig` is composed of typed parts, one per concern, each declared and checked in one place: `ModelArgs`
+(with `generator.model.LoraArgs`), `DataArgs`, `SamplingArgs`, `WarmStartArgs`, `DiscriminatorArgs`,
+`ObjectiveArgs`, `MeterArgs`, `GateArgs`, `ExportArgs` (`PARTS`). Keys stay flat in presets and on the command line
+(each belongs to one part); the resolved config is saved grouped by part (`resolved`)."""
 
 from __future__ import annotations
 
@@ -32,15 +37,63 @@ RANGES = {
 }
 
 
-@dataclass
-class AdversaryConfig(LoraArgs):
-    """Every key of the main job but the trainer's; the LoRA fields come from `generator.model.LoraArgs`."""
+class ConfigPart:
+    """One typed part of the main job's config. Each part checks its own keys (`check`: the ranges of RANGES it
+    owns, then `_checks`), standalone or inside the composed `AdversaryConfig`; a check that spans parts is the
+    composition's."""
 
-    # ---- models and data
+    def __post_init__(self):
+        check_part(self, type(self))
+
+    def _checks(self) -> list:
+        """[(ok, key, what is wrong)]; may raise a ConfigError itself."""
+        return []
+
+
+def own_fields(part: type) -> list[str]:
+    """The fields a part declares itself (not those it inherits), in order."""
+    import dataclasses
+
+    inherited = {f.name for base in part.__bases__ if dataclasses.is_dataclass(base) for f in dataclasses.fields(base)}
+    return [f.name for f in dataclasses.fields(part) if f.name not in inherited]
+
+
+def check_part(obj, part: type) -> None:
+    from conversations.config import check_ranges
+
+    names = own_fields(part)
+    check_ranges(obj, {k: v for k, v in RANGES.items() if k in names})
+    for ok, key, msg in part._checks(obj):
+        if not ok:
+            raise ConfigError(f"{msg}; fix it in the YAML config or with --{key} on the command line")
+
+
+@dataclass
+class ModelArgs(LoraArgs, ConfigPart):
+    """The simulator's model, its precision and its LoRA (`generator.model.LoraArgs`)."""
+
     model: str = field(default="smollm2-135m-instruct", metadata={
         "help": "User simulator: an embedded asset (smollm2-135m-instruct, tiny-random), a model id or a path."})
-    discriminator: str = field(default="minilm-l6", metadata={
-        "help": "Backbone of the co-trained discriminator: minilm-l6, tiny-random-encoder, a model id or a path."})
+    dtype: str = field(default="auto", metadata={
+        "help": "Precision of every stage: auto (bf16 on GPUs and on CPUs whose bf16 matmul is fast, measured once and "
+                "cached; fp32 otherwise), bf16 or fp32. An explicit --bf16/--fp16 trainer flag means the same."})
+
+    def _checks(self) -> list:
+        from conversations.assets import check_model_name
+        from conversations.precision import normalise_dtype
+
+        from conversations.config import check_ranges
+
+        check_ranges(self, {k: RANGES[k] for k in ("lora_r", "lora_alpha", "lora_dropout")})  # LoraArgs' own
+        check_model_name(self.model, "model")
+        self.dtype = normalise_dtype(self.dtype)
+        return []
+
+
+@dataclass
+class DataArgs(ConfigPart):
+    """Real conversations and how they are cut into contexts and turns."""
+
     data: str = field(default="sharegpt", metadata={
         "help": "Real conversations: 'sharegpt' (embedded), a JSON/JSONL file, a datasets folder or hf:NAME."})
     data_format: str = field(default="auto", metadata={"help": "auto, messages, sharegpt or wildchat."})
@@ -49,16 +102,35 @@ class AdversaryConfig(LoraArgs):
     max_turn_chars: int = field(default=400, metadata={
         "help": "Train and evaluate on user turns up to this many characters (long pasted documents are a different task)."})
     max_context_tokens: int = field(default=256, metadata={"help": "Token budget of the simulator's prompt (left-truncated)."})
-    dtype: str = field(default="auto", metadata={
-        "help": "Precision of every stage: auto (bf16 on GPUs and on CPUs whose bf16 matmul is fast, measured once and "
-                "cached; fp32 otherwise), bf16 or fp32. An explicit --bf16/--fp16 trainer flag means the same."})
+    train_contexts: int = field(default=512, metadata={"help": "Training contexts for the adversarial phase."})
+
+    def _checks(self) -> list:
+        return []
+
+
+@dataclass
+class SamplingArgs(ConfigPart):
+    """How the simulator samples outside GRPO: held-out readings, the discriminator's simulated turns, the rounds, and the settings the export records."""
+
     sim_temperature: float = field(default=1.0, metadata={
         "help": "Sampling temperature of the simulator outside GRPO: held-out evaluation, the discriminator's simulated "
                 "turns, and the default the export records for its users."})
     sim_top_p: float = field(default=0.95, metadata={"help": "Nucleus mass of that sampling (1 turns it off)."})
-    train_contexts: int = field(default=512, metadata={"help": "Training contexts for the adversarial phase."})
+    heldout_max_new_tokens: int = field(default=64, metadata={"help": "Token limit of a held-out simulated turn."})
+    sim_batch_size: int = field(default=32, metadata={"help": "Contexts per generate call when simulating held-out and discriminator-fit turns (larger batches use the CPU's cores better; lower it if memory is short)."})
+    heldout_merge_lora: bool = field(default=True, metadata={
+        "help": "Simulate held-out turns with a merged copy of the LoRA generator (LoRA's extra matmuls cost ~20% of "
+                "decoding on a CPU); the copy holds one more set of weights during an evaluation (0.5 GB for 135M, "
+                "18 GB for 9B: turn it off on GPUs short of memory). Never under DeepSpeed or FSDP (sharded weights)."})
 
-    # ---- stage 1: SFT warm start
+    def _checks(self) -> list:
+        return []
+
+
+@dataclass
+class WarmStartArgs(ConfigPart):
+    """Stage 1: the SFT warm start (and the SFT loss of the study's continued-SFT arms)."""
+
     warmstart_steps: int = field(default=40, metadata={"help": "SFT steps on real user turns before the adversarial phase (0 skips)."})
     warmstart_batch_size: int = field(default=8, metadata={"help": "SFT batch size (sequences per optimiser step)."})
     warmstart_micro_batch: int = field(default=2, metadata={
@@ -66,8 +138,24 @@ class AdversaryConfig(LoraArgs):
                 "the activations dominate memory: SmolLM2 at 4 x 320 tokens peaked at 6.7 GB on the CPU, 8 x 320 over 9 GB."})
     warmstart_lr: float = field(default=2e-4, metadata={"help": "SFT learning rate."})
     warmstart_max_length: int = field(default=320, metadata={"help": "SFT sequence length in tokens (prompt + turn)."})
+    sft_loss: str = field(default="nll", metadata={
+        "help": "Loss of the SFT stages (warm start, the study's continued-SFT arms): nll, or tailr (TaiLr: each "
+                "token's NLL weighted by p / (tailr_gamma + (1 - tailr_gamma) p), the model's probability of it, "
+                "detached; a non-adversarial control that costs what SFT costs)."})
+    tailr_gamma: float = field(default=0.5, metadata={"help": "tailr: gamma (0 is plain NLL; 1 weights by p)."})
 
-    # ---- stage 2: discriminator
+    def _checks(self) -> list:
+        return [(self.warmstart_batch_size % self.warmstart_micro_batch == 0, "warmstart_batch_size",
+                 "warmstart_batch_size must be a multiple of warmstart_micro_batch"),
+                (self.sft_loss in ("nll", "tailr"), "sft_loss", "sft_loss must be nll or tailr")]
+
+
+@dataclass
+class DiscriminatorArgs(ConfigPart):
+    """Stage 2 and co-training: the discriminator, its fit, its updates and its reward."""
+
+    discriminator: str = field(default="minilm-l6", metadata={
+        "help": "Backbone of the co-trained discriminator: minilm-l6, tiny-random-encoder, a model id or a path."})
     disc_init_items: int = field(default=192, metadata={"help": "Real and simulated turns (each) for the initial discriminator fit."})
     disc_epochs: int = field(default=2, metadata={"help": "Epochs of the initial fit."})
     disc_lr: float = field(default=3e-5, metadata={"help": "Discriminator learning rate."})
@@ -86,19 +174,30 @@ class AdversaryConfig(LoraArgs):
     disc_reward: str = field(default="logit", metadata={
         "help": "The discriminator reward from its log-odds z: logit = clip(z, +-reward_clip); log_d = log sigmoid(z) "
                 "clipped below at -reward_clip (non-saturating, no reward for 'more real than real')."})
-
-    # ---- stage 3: adversarial GRPO
     d_every: int = field(default=1, metadata={"help": "Discriminator updates every this many generator steps."})
     d_steps: int = field(default=1, metadata={"help": "Balanced discriminator updates each time."})
     replay_size: int = field(default=512, metadata={"help": "Replay buffer of recent (context, simulated, real) triples."})
     disc_acc_ceiling: float = field(default=0.95, metadata={"help": "Skip discriminator updates while its recent accuracy is above this."})
     disc_acc_floor: float = field(default=0.6, metadata={"help": "Double the updates while its recent accuracy is below this."})
     reward_clip: float = field(default=5.0, metadata={"help": "Clip the discriminator's log-odds reward to [-clip, clip]."})
-    w_disc: float = field(default=1.0, metadata={"help": "Weight of the discriminator reward."})
-    w_length: float = field(default=0.5, metadata={"help": "Weight of the length-ratio term (penalises |log(len_sim/len_real)|)."})
-    w_copy: float = field(default=0.5, metadata={"help": "Weight of the copying-from-context penalty."})
-    w_assistant: float = field(default=0.5, metadata={"help": "Weight of the assistant-likeness penalty."})
-    max_faults: int = field(default=5, metadata={"help": "Non-finite losses or rewards tolerated (steps skipped) before the run stops."})
+
+    def _checks(self) -> list:
+        from conversations.assets import check_model_name
+
+        check_model_name(self.discriminator, "discriminator")
+        return [(self.disc_context_tokens <= self.disc_max_length - 16, "disc_context_tokens",
+                 "disc_context_tokens must leave 16 tokens of disc_max_length for the turn"),
+                (self.disc_acc_floor < self.disc_acc_ceiling, "disc_acc_floor",
+                 "disc_acc_floor must be below disc_acc_ceiling"),
+                (self.disc_reward in ("logit", "log_d"), "disc_reward", "disc_reward must be logit or log_d"),
+                (len(self.disc_weights) == 2 and min(self.disc_weights) >= 0 and max(self.disc_weights) > 0,
+                 "disc_weights", "disc_weights must be two weights >= 0 (neural, classical), not both 0")]
+
+
+@dataclass
+class ObjectiveArgs(ConfigPart):
+    """Stage 3: the adversarial objective (one file each in adversary/objectives/) and its keys."""
+
     objective: str = field(default="grpo", metadata={
         "help": "How the generator learns against the discriminator: grpo (TRL GRPOTrainer, reward = discriminator + "
                 "realism terms) or dpo_rounds (rounds of: sample round_samples turns per context, the discriminator "
@@ -109,6 +208,11 @@ class AdversaryConfig(LoraArgs):
                 "use_vllm). With use_vllm or under FSDP, TRL's own generation is used either way."})
     phase_seconds: float = field(default=0.0, metadata={
         "help": "Wall-time budget of the adversarial phase in seconds (0: none; the step/round budget still holds)."})
+    max_faults: int = field(default=5, metadata={"help": "Non-finite losses or rewards tolerated (steps skipped) before the run stops."})
+    w_disc: float = field(default=1.0, metadata={"help": "Weight of the discriminator reward."})
+    w_length: float = field(default=0.5, metadata={"help": "Weight of the length-ratio term (penalises |log(len_sim/len_real)|)."})
+    w_copy: float = field(default=0.5, metadata={"help": "Weight of the copying-from-context penalty."})
+    w_assistant: float = field(default=0.5, metadata={"help": "Weight of the assistant-likeness penalty."})
     round_contexts: int = field(default=64, metadata={"help": "The rounds objectives (dpo_rounds, spin, resample_sft): training contexts per round."})
     round_samples: int = field(default=4, metadata={"help": "dpo_rounds, spin: turns sampled per context."})
     round_chosen: str = field(default="sample", metadata={
@@ -137,13 +241,23 @@ class AdversaryConfig(LoraArgs):
                 "discriminator's D/(1-D) (self-normalised importance resampling, adversary.guidance)."})
     resample_real_share: float = field(default=0.5, metadata={
         "help": "resample_sft: share of each round's SFT examples that are real turns (the rest: resampled ones)."})
-    sft_loss: str = field(default="nll", metadata={
-        "help": "Loss of the SFT stages (warm start, the study's continued-SFT arms): nll, or tailr (TaiLr: each "
-                "token's NLL weighted by p / (tailr_gamma + (1 - tailr_gamma) p), the model's probability of it, "
-                "detached; a non-adversarial control that costs what SFT costs)."})
-    tailr_gamma: float = field(default=0.5, metadata={"help": "tailr: gamma (0 is plain NLL; 1 weights by p)."})
 
-    # ---- held-out Turing distance and the gate
+    def _checks(self) -> list:
+        from adversary.objectives import available
+
+        return [(self.objective in available(), "objective",
+                 f"objective must be one of {', '.join(available())} (adversary/objectives/)"),
+                (self.round_chosen in ("sample", "real"), "round_chosen", "round_chosen must be sample or real"),
+                (self.grpo_rollout in ("engine", "trl"), "grpo_rollout", "grpo_rollout must be engine or trl"),
+                (self.dpo_loss in ("sigmoid", "apo_zero"), "dpo_loss", "dpo_loss must be sigmoid or apo_zero"),
+                (self.dpo_batch_size % self.dpo_micro_batch == 0, "dpo_batch_size",
+                 "dpo_batch_size must be a multiple of dpo_micro_batch")]
+
+
+@dataclass
+class MeterArgs(ConfigPart):
+    """Stage 4: the held-out meter (fresh detectors, turn and conversation level, the end decision)."""
+
     heldout_contexts: int = field(default=128, metadata={"help": "Held-out test-split contexts, one simulated turn each, per evaluation."})
     heldout_detectors: list[str] = field(default_factory=lambda: ["classical", "style"], metadata={
         "help": "Fresh detectors of the meter's panel (classical, style, neural); td is their maximum."})
@@ -152,17 +266,7 @@ class AdversaryConfig(LoraArgs):
         "help": "Sampling seeds of every held-out reading: the meter simulates the contexts once per seed and reads "
                 "the mean td (one seed's reading moves by sd ~2 with the sampling alone on 256 contexts, "
                 "bench/bench_td_spread.py; the mean of 2 by ~1.4). 1 reads one seed, as before."})
-    heldout_max_new_tokens: int = field(default=64, metadata={"help": "Token limit of a held-out simulated turn."})
-    sim_batch_size: int = field(default=32, metadata={"help": "Contexts per generate call when simulating held-out and discriminator-fit turns (larger batches use the CPU's cores better; lower it if memory is short)."})
-    heldout_merge_lora: bool = field(default=True, metadata={
-        "help": "Simulate held-out turns with a merged copy of the LoRA generator (LoRA's extra matmuls cost ~20% of "
-                "decoding on a CPU); the copy holds one more set of weights during an evaluation (0.5 GB for 135M, "
-                "18 GB for 9B: turn it off on GPUs short of memory). Never under DeepSpeed or FSDP (sharded weights)."})
     eval_base_model: bool = field(default=False, metadata={"help": "Also measure the un-tuned base model's td (for comparison)."})
-    gate_patience: int = field(default=3, metadata={"help": "Evaluations without improvement before the gate freezes."})
-    gate_min_delta: float = field(default=1.0, metadata={"help": "Improvement in td points that resets patience."})
-    gate_target_td: float = field(default=2.0, metadata={"help": "Freeze as soon as td is at or below this."})
-    gate_smooth: int = field(default=2, metadata={"help": "Readings averaged for the plateau rule (damps noise)."})
     conv_contexts: int = field(default=0, metadata={
         "help": "Held-out real conversations the meter continues at every reading (adversary.conversation_meter): "
                 "conversation-level td (conv/td), termination F1, ends and turns per real, beside the turn-level "
@@ -175,11 +279,35 @@ class AdversaryConfig(LoraArgs):
                 "conversation window; generator.ending). The conversation level and the export use it."})
     end_calibration_contexts: int = field(default=64, metadata={
         "help": "Train contexts (after an opening) the calibrated end decision's offset is solved on at each reading."})
+
+    def _checks(self) -> list:
+        bad = [d for d in self.heldout_detectors if d not in DETECTORS]
+        if bad or not self.heldout_detectors:
+            raise ConfigError(f"heldout_detectors: unknown {bad} (choose from {', '.join(DETECTORS)})")
+        return [(self.end_decision in ("sampled", "calibrated"), "end_decision",
+                 "end_decision must be sampled or calibrated")]
+
+
+@dataclass
+class GateArgs(ConfigPart):
+    """Stage 5: the gate that freezes the generator at a plateau."""
+
+    gate_patience: int = field(default=3, metadata={"help": "Evaluations without improvement before the gate freezes."})
+    gate_min_delta: float = field(default=1.0, metadata={"help": "Improvement in td points that resets patience."})
+    gate_target_td: float = field(default=2.0, metadata={"help": "Freeze as soon as td is at or below this."})
+    gate_smooth: int = field(default=2, metadata={"help": "Readings averaged for the plateau rule (damps noise)."})
     gate_level: str = field(default="turn", metadata={
         "help": "Which reading the gate freezes on and picks the best checkpoint by: turn (td/panel) or "
                 "conversation (conv/td; needs conv_contexts > 0)."})
 
-    # ---- export
+    def _checks(self) -> list:
+        return [(self.gate_level in ("turn", "conversation"), "gate_level", "gate_level must be turn or conversation")]
+
+
+@dataclass
+class ExportArgs(ConfigPart):
+    """Stage 6: the export and its guide."""
+
     export_dir: str | None = field(default=None, metadata={"help": "Where the frozen simulator goes (default OUTPUT_DIR/frozen)."})
     export_guidance: int = field(default=1, metadata={
         "help": "K > 1: the export carries a guide, a calibrated discriminator (the classical member, the family whose "
@@ -193,49 +321,59 @@ class AdversaryConfig(LoraArgs):
         "help": "How the guide keeps one of K: resample (by D/(1-D), the rule that held its length at the real "
                 "median) or argmax."})
 
-    def __post_init__(self):
-        from adversary.objectives import available as available_objectives
-        from conversations.assets import check_model_name
-        from conversations.config import check_ranges
+    def _checks(self) -> list:
+        return [(self.export_guide_rule in ("resample", "argmax"), "export_guide_rule",
+                 "export_guide_rule must be resample or argmax")]
 
-        check_ranges(self, RANGES)
-        checks = [  # (ok, key, what is wrong)
-            (self.warmstart_batch_size % self.warmstart_micro_batch == 0, "warmstart_batch_size",
-             "warmstart_batch_size must be a multiple of warmstart_micro_batch"),
-            (self.disc_context_tokens <= self.disc_max_length - 16, "disc_context_tokens",
-             "disc_context_tokens must leave 16 tokens of disc_max_length for the turn"),
-            (self.disc_acc_floor < self.disc_acc_ceiling, "disc_acc_floor", "disc_acc_floor must be below disc_acc_ceiling"),
+
+# the parts in the order they are saved (the resolved config of every run, checkpoint and export)
+PARTS = {"model": ModelArgs, "data": DataArgs, "sampling": SamplingArgs, "warmstart": WarmStartArgs, "discriminator": DiscriminatorArgs, "objective": ObjectiveArgs, "meter": MeterArgs, "gate": GateArgs, "export": ExportArgs}
+
+
+@dataclass
+class AdversaryConfig(ExportArgs, GateArgs, MeterArgs, ObjectiveArgs, DiscriminatorArgs, WarmStartArgs, SamplingArgs, DataArgs, ModelArgs):
+    """Every key of the main job but the trainer's: the parts above composed side by side (a YAML preset and the
+    command line stay flat: each key belongs to exactly one part, `cfg.part("gate")` is that part alone).
+    TRL's GRPOConfig is parsed beside it."""
+
+    def __post_init__(self):
+        for part in PARTS.values():
+            check_part(self, part)
+        for ok, key, msg in [  # the checks that span parts
             (self.warmstart_max_length > self.max_context_tokens, "warmstart_max_length",
              "warmstart_max_length must be larger than max_context_tokens (room for the turn)"),
-            (self.objective in available_objectives(), "objective",
-             f"objective must be one of {', '.join(available_objectives())} (adversary/objectives/)"),
-            (self.disc_reward in ("logit", "log_d"), "disc_reward", "disc_reward must be logit or log_d"),
-            (len(self.disc_weights) == 2 and min(self.disc_weights) >= 0 and max(self.disc_weights) > 0,
-             "disc_weights", "disc_weights must be two weights >= 0 (neural, classical), not both 0"),
-            (self.round_chosen in ("sample", "real"), "round_chosen", "round_chosen must be sample or real"),
-            (self.grpo_rollout in ("engine", "trl"), "grpo_rollout", "grpo_rollout must be engine or trl"),
-            (self.dpo_loss in ("sigmoid", "apo_zero"), "dpo_loss", "dpo_loss must be sigmoid or apo_zero"),
-            (self.sft_loss in ("nll", "tailr"), "sft_loss", "sft_loss must be nll or tailr"),
-            (self.gate_level in ("turn", "conversation"), "gate_level", "gate_level must be turn or conversation"),
             (self.gate_level == "turn" or self.conv_contexts >= 20, "gate_level",
              "gate_level conversation needs conv_contexts >= 20 (the conversations it reads)"),
-            (self.end_decision in ("sampled", "calibrated"), "end_decision", "end_decision must be sampled or calibrated"),
-            (self.export_guide_rule in ("resample", "argmax"), "export_guide_rule",
-             "export_guide_rule must be resample or argmax"),
-            (self.dpo_batch_size % self.dpo_micro_batch == 0, "dpo_batch_size",
-             "dpo_batch_size must be a multiple of dpo_micro_batch"),
-        ]
-        for ok, key, msg in checks:
+        ]:
             if not ok:
                 raise ConfigError(f"{msg}; fix it in the YAML config or with --{key} on the command line")
-        check_model_name(self.model, "model")
-        check_model_name(self.discriminator, "discriminator")
-        from conversations.precision import normalise_dtype
 
-        self.dtype = normalise_dtype(self.dtype)
-        bad = [d for d in self.heldout_detectors if d not in DETECTORS]
-        if bad or not self.heldout_detectors:
-            raise ConfigError(f"heldout_detectors: unknown {bad} (choose from {', '.join(DETECTORS)})")
+    def part(self, name: str):
+        """One part of this config as its own typed object (a copy): `cfg.part("sampling").sim_top_p`."""
+        import dataclasses
+
+        cls = PARTS[name]
+        return cls(**{f.name: getattr(self, f.name) for f in dataclasses.fields(cls)})
+
+
+def resolved(cfg) -> dict:
+    """The resolved config grouped by part ({"model": {...}, "data": {...}, ...}: what every run, checkpoint and
+    export saves); a config that is not an AdversaryConfig is saved flat."""
+    import dataclasses
+
+    from conversations.config import to_jsonable
+
+    flat = to_jsonable(cfg)
+    if not isinstance(cfg, AdversaryConfig):
+        return flat
+    return {name: {f.name: flat[f.name] for f in dataclasses.fields(part)} for name, part in PARTS.items()}
+
+
+def flat_resolved(doc: dict) -> dict:
+    """The flat keys of a saved config, grouped by part (`resolved`) or flat (runs from before the parts)."""
+    if doc and all(isinstance(v, dict) for v in doc.values()) and set(doc) <= set(PARTS):
+        return {k: v for part in doc.values() for k, v in part.items()}
+    return dict(doc or {})
 
 
 def parse_job(extra_types: tuple, argv, prog: str, default_config=None):

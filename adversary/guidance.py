@@ -89,6 +89,68 @@ class Guide:
         return cls(disc, tuple(doc["platt"]), k if k is not None else doc["k"], doc["rule"], doc.get("report"))
 
 
+def split_guidance(spec: str) -> tuple[str, int | None]:
+    """('frozen:DIR#persona=x', 4) from 'frozen:DIR#guidance=4#persona=x'; (spec, None) without a guidance."""
+    import re
+
+    from conversations.schema import DataError
+
+    m = re.search(r"#guidance=([^#]*)", spec)
+    if not m:
+        return spec, None
+    if not m.group(1).isdigit() or int(m.group(1)) < 1:
+        raise DataError(f"simulator '{spec}': #guidance= takes a candidate count >= 1, got '{m.group(1)}'")
+    return spec[:m.start()] + spec[m.end():], int(m.group(1))
+
+
+def load_export_guide(export, manifest: dict, guidance: int | None = None) -> Guide | None:
+    """An export's guide at `guidance` candidates (None: the K its manifest records), or None for K=1 / no guide
+    recorded. Asking for K > 1 of an export that carries no guide is a `DataError`."""
+    from pathlib import Path
+
+    from conversations.schema import DataError
+
+    recorded = (manifest.get("guidance") or {}).get("k")
+    k = guidance if guidance is not None else recorded
+    if not k or k <= 1:
+        return None
+    if not (Path(export) / GUIDE_DIR / Guide.FILE).exists():
+        raise DataError(f"{export} carries no guide ({GUIDE_DIR}/{Guide.FILE}); write one with python -m "
+                        "adversary.guidance, or drop #guidance=")
+    return Guide.load(Path(export) / GUIDE_DIR, k=k)
+
+
+def guided_turns(engine, guide: Guide, contexts, settings, *, goals=None, personas=None, seed: int = 0,
+                 pick_seed: int | None = None):
+    """One turn per context kept by `guide` from its K candidates (drawn from one prefill per context, empty ones
+    redrawn, as `generator.sample.user_turns` writes them). -> (turns [n], logodds (n, K), kept index (n,)).
+    `pick_seed` seeds the keep draw (default: `seed`)."""
+    from conversations import TurnRecord
+    from generator.sample import user_turns
+
+    k = guide.k
+    turns = user_turns(engine, contexts, settings, goals=goals, personas=personas, seed=seed, n=k)
+    items = [TurnRecord(id=f"{i}.{j}", context=c, user_turn=turns[i * k + j].text)
+             for i, c in enumerate(contexts) for j in range(k)]
+    z = guide.logodds(items).reshape(len(contexts), k)  # (n, K) calibrated log-odds of "real"
+    pick = choose(z, guide.rule, np.random.default_rng(seed if pick_seed is None else pick_seed))
+    return [turns[i * k + j] for i, j in enumerate(pick)], z, pick
+
+
+def guided_records(engine, guide: Guide, records, settings, *, seed: int = 0, pick_seed: int | None = None):
+    """`guided_turns` for real records' contexts, written as `generator.sample.simulate_records` writes them (same
+    id, context and conversation id; meta ended / truncated / candidate). -> (records, logodds (n, K), kept (n,))."""
+    from conversations import TurnRecord
+
+    turns, z, pick = guided_turns(engine, guide, [r.context for r in records], settings,
+                                  goals=[r.meta.get("goal") for r in records],
+                                  personas=[r.meta.get("persona") for r in records], seed=seed, pick_seed=pick_seed)
+    out = [TurnRecord(id=r.id, context=[dict(m) for m in r.context], user_turn=t.text, conversation_id=r.conversation_id,
+                      meta={"ended": t.ended, "truncated": t.truncated, "candidate": int(j)})
+           for r, t, j in zip(records, turns, pick)]
+    return out, z, pick
+
+
 def split_by_conversation(records, fraction: float) -> tuple[list, list]:
     """(fit, held back): whole conversations go to one side, chosen by a stable hash of the conversation id."""
     import hashlib
@@ -157,7 +219,9 @@ def export_guided(model_dir: str, guided_dir: str, out: str, k: int = 4, rule: s
     result = run / (f"guided_{gdir.name[len('disc_'):]}.json" if gdir.name.startswith("disc_") else "guided.json")
     cfg = json.loads(result.read_text()).get("config", {}) if result.exists() else {}
     guide = Guide(Discriminator.from_saved(gdir), (cal["platt"]["a"], cal["platt"]["b"]), k, rule, report=cal)
-    adv = cfg.get("adversary", {})
+    from adversary.config import flat_resolved
+
+    adv = flat_resolved(cfg.get("adversary", {}))
     sampling = {"max_new_tokens": adv.get("heldout_max_new_tokens", 96), "temperature": temp["temperature"],
                 "top_p": adv.get("sim_top_p", 0.95), "top_k": 0, "min_new_tokens": 1,
                 "max_prompt_tokens": adv.get("max_context_tokens", 128)}

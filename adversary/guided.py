@@ -147,6 +147,7 @@ def main(argv=None) -> int:
     from adversary.stages import prepare_data, warm_start
     from adversary.train import quiet_libraries
     from conversations.bootstrap import percentile_ci, resample_counts
+    from adversary.config import resolved as resolved_config
     from conversations.config import to_jsonable
     from conversations.precision import inference_dtype
     from discriminator.turing import measure_td
@@ -266,7 +267,7 @@ def main(argv=None) -> int:
     doc = {"n_contexts": len(real), "seeds": guided.guided_seeds, "temperature": temp_doc, "discriminator": disc_doc,
            "conditions": summary, "per_seed": per_seed, "pool_seconds": pool_seconds, "timings": timings,
            "wall_seconds": round(time.time() - t_start, 1),
-           "config": {"adversary": to_jsonable(cfg), "guided": to_jsonable(guided)}}
+           "config": {"adversary": resolved_config(cfg), "guided": to_jsonable(guided)}}
     result = out / (f"guided_{guided.disc_tag}.json" if guided.disc_tag else "guided.json")
     result.write_text(json.dumps(doc, indent=2, default=float))
     print(f"guided done in {doc['wall_seconds'] / 60:.1f} min: {result}")

@@ -233,9 +233,10 @@ def write_config(cfg, args, out: Path) -> dict:
     """The resolved config, saved at the start of the run (and again in every checkpoint's state and the export)."""
     from accelerate import PartialState
 
+    from adversary.config import resolved as resolved_config
     from conversations.config import to_jsonable
 
-    resolved = {"adversary": to_jsonable(cfg), "grpo": to_jsonable(args)}
+    resolved = {"adversary": resolved_config(cfg), "grpo": to_jsonable(args)}
     if PartialState().is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(resolved, indent=2, sort_keys=True))
@@ -247,6 +248,7 @@ def manifest(cfg, args, data: RunData, state, start_model: str, base: dict | Non
     the simulator was measured with (its users default to them)."""
     import torch
 
+    from adversary.config import resolved as resolved_config
     from adversary.heldout import heldout_settings
     from conversations.config import to_jsonable
     from generator.prompts import PROMPT_FORMAT_VERSION
@@ -255,7 +257,7 @@ def manifest(cfg, args, data: RunData, state, start_model: str, base: dict | Non
     best_row = next((r for r in state.rows if r["step"] == best.step), {})
     return {
         "base_model": cfg.model, "warm_start": start_model, "data": cfg.data, "data_fingerprint": data.fingerprint,
-        "config": {"adversary": to_jsonable(cfg), "grpo": to_jsonable(args)}, "td_curve": state.rows,
+        "config": {"adversary": resolved_config(cfg), "grpo": to_jsonable(args)}, "td_curve": state.rows,
         "best": {"step": best.step, "td": best.td, "td_ci95": [best.ci_low, best.ci_high], "gate_level": cfg.gate_level,
                  "turn_td": best_row.get("td/panel"),  # both levels of the best reading, whichever the gate read
                  "conversation": {k: v for k, v in best_row.items() if k.startswith("conv/")} or None},

@@ -26,9 +26,11 @@ class AdversaryState:
     """Everything the adversarial phase carries from step to step besides the generator and its optimiser."""
 
     def __init__(self, cfg, discriminator, *, max_steps: int | None, seed: int):
+        from adversary.config import resolved
         from adversary.cotrain import FaultCounter, ReplayBuffer
         from adversary.gate import PlateauGate
 
+        self.config = resolved(cfg)  # saved with every checkpoint, grouped by part: what the run was
         self.discriminator = discriminator
         self.buffer = ReplayBuffer(size=cfg.replay_size, seed=seed)
         self.gate = PlateauGate(patience=cfg.gate_patience, min_delta=cfg.gate_min_delta, target_td=cfg.gate_target_td,
@@ -48,7 +50,8 @@ class AdversaryState:
         """Plain data (the discriminator's weights are saved beside it, not in here)."""
         return {"buffer": self.buffer.state_dict(), "gate": self.gate.state_dict(), "rows": self.rows,
                 "cotrain": {"history": self.cotrain_history, "collapse_reported": self.collapse_reported},
-                "faults": self.faults.counts, "meter_seconds": self.meter_seconds, "rounds_done": self.rounds_done}
+                "faults": self.faults.counts, "meter_seconds": self.meter_seconds, "rounds_done": self.rounds_done,
+                "config": self.config}
 
     def load_state_dict(self, d: dict) -> None:
         from adversary.gate import PlateauGate

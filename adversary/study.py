@@ -308,6 +308,7 @@ def run_guided_arm(run, cfg, args, study, data, start_model: str, out: Path, gui
 def main(argv=None) -> int:
     from adversary.stages import prepare_data
     from adversary.train import quiet_libraries
+    from adversary.config import resolved as resolved_config
     from conversations.config import to_jsonable
     from conversations.loaders import write_jsonl
 
@@ -369,7 +370,7 @@ def main(argv=None) -> int:
     doc = {"n_contexts": len(data.heldout), "seeds": study.study_seeds, "n_val_contexts": len(data.val),
            "arm_seconds": study.arm_seconds, "arms": summary, "differences": diffs, "plateau": plateau,
            "wall_seconds": round(time.time() - t_start, 1),
-           "config": {"adversary": to_jsonable(cfg), "grpo": to_jsonable(args), "study": to_jsonable(study)}}
+           "config": {"adversary": resolved_config(cfg), "grpo": to_jsonable(args), "study": to_jsonable(study)}}
     (out / "study.json").write_text(json.dumps(doc, indent=2, default=float))
     from adversary.curves import plot_study
 

@@ -23,20 +23,16 @@ def simulate_arm(model, tok, records, cfg, settings, seed: int, guide=None) -> t
     """One turn per context: sampled (no guide, or K = 1), or kept by the arm's guide from K candidates drawn from
     one prefill (`adversary.guidance`). -> (turns, {"guide_ess": mean Kish ESS of the weights, "guide_logodds_kept":
     mean calibrated log-odds of the kept turns}; empty without a guide)."""
-    from adversary.guidance import choose, effective_sample_size
+    from adversary.guidance import effective_sample_size, guided_records
     from adversary.heldout import HELDOUT_SEED, simulate_heldout
     from generator.engine import Engine
-    from generator.sample import simulate_candidates
 
     if guide is None or guide.k == 1:
         return simulate_heldout(model, tok, records, cfg, seed=seed, precision=cfg.dtype, settings=settings), {}
     engine = Engine(model, tok, batch_size=cfg.sim_batch_size, precision=cfg.dtype)
-    groups = simulate_candidates(engine, records, settings, guide.k, seed=seed)
-    z = guide.logodds([c for g in groups for c in g]).reshape(len(groups), guide.k)  # (n, K) calibrated log-odds
-    pick = choose(z, guide.rule, np.random.default_rng(seed + HELDOUT_SEED))
-    kept = [g[j] for g, j in zip(groups, pick)]
+    kept, z, pick = guided_records(engine, guide, records, settings, seed=seed, pick_seed=seed + HELDOUT_SEED)
     return kept, {"guide_ess": float(np.mean(effective_sample_size(z))),
-                  "guide_logodds_kept": float(np.mean(z[np.arange(len(groups)), pick])),
+                  "guide_logodds_kept": float(np.mean(z[np.arange(len(kept)), pick])),
                   "guide_logodds_mean": float(np.mean(z))}
 
 

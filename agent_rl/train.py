@@ -135,8 +135,11 @@ class AgentRollout:
             EpisodeSpec(x["gym"], get_gym(x["gym"]).get_task(x["task_id"]), step * 100_003 + i, a.max_turns or None)
             for i, x in enumerate(inputs)
         ]
+        import time
+
         from generator.engine import inference_model
 
+        t0 = time.perf_counter()
         # the engine's path, as for every other caller: a merged bf16 copy of the LoRA policy where the CPU is fast in
         # bf16 (the unmerged LoRA model decoded 38-49 s a GRPO step of 8 episodes); the training weights untouched
         with inference_model(trainer.model_wrapped, trainer.accelerator, precision=a.dtype, merge_lora=a.rollout_merge,
@@ -155,6 +158,7 @@ class AgentRollout:
                 precision=a.dtype,
             )
             results = run_episodes(agent, self.simulator, specs)
+        seconds = time.perf_counter() - t0  # the merged copy, the agent's and the user's turns: the step's rollout part
         self.last_results = results
         out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "env_mask", "turn_credit",
                                                 "trajectory_score", "episode_return", "episode_turns", "format_ok")}
@@ -171,16 +175,19 @@ class AgentRollout:
             out["episode_return"].append(r.total)
             out["episode_turns"].append(r.turns)
             out["format_ok"].append(format_ok)
+        out["rollout_seconds"] = [seconds] * len(results)
         out["logprobs"] = None  # TRL recomputes log-probs itself; sampling ones matter only for vLLM correction
         self.last_output = out
         return out
 
 
 def trajectory_reward(completions, trajectory_score, episode_return, gym, episode_turns, format_ok, log_metric=None,
-                      **_):
+                      rollout_seconds=None, **_):
     """The GRPO reward: each episode's trajectory score (computed in the rollout). Logs per-gym returns (the task
-    reward alone, without any format bonus), turns and the share of tagged turns."""
+    reward alone, without any format bonus), turns, the share of tagged turns and the rollout's seconds."""
     if log_metric is not None:
+        if rollout_seconds:
+            log_metric("agent/rollout_seconds", float(rollout_seconds[0]))
         for g, ret in zip(gym, episode_return):
             log_metric(f"agent/return/{g}", float(ret))
         for n, ok in zip(episode_turns, format_ok):

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, Sequence
 
+from adversary.guidance import load_export_guide, split_guidance
 from conversations import DataError
 from generator.engine import SamplingSettings
 
@@ -182,18 +183,6 @@ def exported_settings(manifest: dict | None) -> SamplingSettings | None:
     return SamplingSettings.from_dict(manifest["sampling"])
 
 
-def split_guidance(spec: str) -> tuple[str, int | None]:
-    """('frozen:DIR#persona=x', 4) from 'frozen:DIR#guidance=4#persona=x'; (spec, None) without a guidance."""
-    import re
-
-    m = re.search(r"#guidance=([^#]*)", spec)
-    if not m:
-        return spec, None
-    if not m.group(1).isdigit() or int(m.group(1)) < 1:
-        raise DataError(f"simulator '{spec}': #guidance= takes a candidate count >= 1, got '{m.group(1)}'")
-    return spec[:m.start()] + spec[m.end():], int(m.group(1))
-
-
 def check_simulator_spec(spec: str) -> None:
     """A simulator spec checked before anything loads: its kind, its model name (hf:), its export folder (frozen:),
     its URL form (openai:), its mode (scripted:). A `DataError` says what is wrong."""
@@ -248,7 +237,7 @@ def load_simulator(spec: str, settings: SamplingSettings | None = None, *, batch
         engine, manifest = load_local_simulator(kind, rest, precision=resolve_precision(dtype, device),
                                                 batch_size=batch_size, device=device)  # an export's hashes first
         if kind == "frozen":
-            guide = _load_guide(rest, manifest, guidance)
+            guide = load_export_guide(rest, manifest, guidance)
             label = f"frozen:{rest}" + (f"#guidance={guide.k}" if guide else "") + (f"#persona={persona}" if persona else "")
             return LMUser(engine, label, settings, manifest, seed=seed, persona=persona or None, guide=guide)
         return LMUser(engine, spec, settings, seed=seed, persona=persona or None)
@@ -261,20 +250,6 @@ def load_simulator(spec: str, settings: SamplingSettings | None = None, *, batch
         f"unknown simulator '{spec}'; use frozen:DIR, hf:MODEL, openai:MODEL@BASE_URL, scripted:oracle or "
         "scripted:terse"
     )
-
-
-def _load_guide(export: str, manifest: dict, guidance: int | None):
-    """The export's guide at `guidance` candidates (None: the K it records), or None for K=1 / no guide."""
-    recorded = (manifest.get("guidance") or {}).get("k")
-    k = guidance if guidance is not None else recorded
-    if not k or k <= 1:
-        return None
-    from adversary.guidance import GUIDE_DIR, Guide
-
-    if not (Path(export) / GUIDE_DIR / Guide.FILE).exists():
-        raise DataError(f"{export} carries no guide ({GUIDE_DIR}/{Guide.FILE}); write one with python -m "
-                        "adversary.guidance, or drop #guidance=")
-    return Guide.load(Path(export) / GUIDE_DIR, k=k)
 
 
 def short_label(spec: str) -> str:

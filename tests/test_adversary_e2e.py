@@ -46,7 +46,7 @@ def test_smoke_outputs(smoke_run):
     assert summary["gate"] in ("plateau", "target", "max_steps") and 0 <= summary["best_td"] <= 50
     assert 0 <= summary["base_model_td"] <= 50  # the un-tuned base model, scored on the same held-out contexts
     manifest = json.loads((out / "frozen" / "simulator.json").read_text())
-    assert manifest["config"]["adversary"]["model"] == "tiny-random"
+    assert manifest["config"]["adversary"]["model"]["model"] == "tiny-random"
     assert len(manifest["td_curve"]) == 3 and manifest["gate"]["reason"] == summary["gate"]
     assert manifest["base_model_td"]["td/panel"] == pytest.approx(summary["base_model_td"], abs=0.01)
     assert "model.safetensors" in manifest["files"] and manifest["prompt_format_version"]
@@ -79,6 +79,9 @@ def test_resume_continues_without_duplicate_rows(smoke_run, tmp_path):
     shutil.rmtree(run / "frozen", ignore_errors=True)
     state = json.loads((run / "checkpoint-2" / "mimesis_state" / "state.json").read_text())
     assert [r["step"] for r in state["rows"]] == [0, 2]
+    from adversary.config import PARTS
+
+    assert list(state["config"]) == list(PARTS) and state["config"]["model"]["model"] == "tiny-random"
     r = launch(run, "--resume_from_checkpoint", "latest")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "resuming from" in r.stdout and "discriminator: initial fit" not in r.stdout

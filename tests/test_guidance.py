@@ -186,7 +186,8 @@ def test_a_guided_export_is_hashed_and_load_simulator_uses_its_guide(tmp_path, t
 
 
 def test_guidance_on_a_model_without_a_guide_is_refused(tiny_lm_path):
-    from agent_rl.users import check_simulator_spec, split_guidance
+    from adversary.guidance import split_guidance
+    from agent_rl.users import check_simulator_spec
     from conversations import DataError
 
     assert split_guidance("frozen:d#guidance=4#persona=x") == ("frozen:d#persona=x", 4)
@@ -194,3 +195,41 @@ def test_guidance_on_a_model_without_a_guide_is_refused(tiny_lm_path):
         check_simulator_spec(f"hf:{tiny_lm_path}#guidance=4")
     with pytest.raises(DataError, match="candidate count"):
         split_guidance("frozen:d#guidance=zero")
+
+
+def test_compare_samples_a_guided_export_through_its_guide_at_both_levels(tmp_path, tiny_lm_path):
+    """adversary.compare's simulator for a guided export keeps, with the argmax rule, the candidate the guide scores
+    highest (turn level), and writes conversations through the same guide; #guidance=1 samples unguided."""
+    from adversary.compare import EngineSimulator, label
+    from adversary.export import export_frozen
+    from adversary.guidance import GUIDE_DIR, guided_records
+    from generator.assistants import ReplayAssistant
+    from generator.engine import SamplingSettings
+    from generator.model import load_generator
+
+    guide = _fitted_guide(k=3)
+    guide.rule = "argmax"
+    model, tok = load_generator(tiny_lm_path)
+    out = tmp_path / "frozen"
+    sampling = {"max_new_tokens": 5, "temperature": 1.0, "top_p": 0.95, "top_k": 0, "min_new_tokens": 1,
+                "max_prompt_tokens": 64}
+    export_frozen(model, tok, out, {"sampling": sampling, "guidance": {"k": 3, "rule": "argmax", "dir": GUIDE_DIR}},
+                  extra=lambda d: guide.save(d / GUIDE_DIR))
+    sim = EngineSimulator(f"frozen:{out}", "fp32", 8, SamplingSettings())
+    assert sim.guide is not None and sim.guide.k == 3 and sim.guide.rule == "argmax"
+    assert sim.settings.max_new_tokens == 5  # the export's own sampling
+    ctx = [{"role": "assistant", "content": "How can I help?"}]
+    recs = [TurnRecord(id=f"r{i}", context=ctx, user_turn="x", conversation_id=f"c{i}") for i in range(4)]
+    kept, z, pick = guided_records(sim.engine, sim.guide, recs, sim.settings, seed=3)
+    assert z.shape == (4, 3) and pick.tolist() == z.argmax(1).tolist()
+    assert [r.meta["candidate"] for r in kept] == pick.tolist() and [r.id for r in kept] == [r.id for r in recs]
+    assert [r.user_turn for r in sim.turns(recs, seed=3)] == [r.user_turn for r in kept]  # compare's turn level
+    from conversations import Conversation
+
+    real = [Conversation(id="c0", messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes?"},
+                                            {"role": "user", "content": "more"}, {"role": "assistant", "content": "ok"}])]
+    convs = sim.conversations(ReplayAssistant.from_conversations(real, start_user_turns=1),
+                              [[{"role": "user", "content": "hi"}]], ["c0"], 2, seed=1)
+    assert len(convs) == 1 and convs[0].user_turns >= 1
+    assert EngineSimulator(f"frozen:{out}#guidance=1", "fp32", 8, SamplingSettings()).guide is None
+    assert label(f"frozen:{out}#guidance=1").endswith("#guidance=1")
