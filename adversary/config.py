@@ -38,8 +38,8 @@ RANGES = {
 
 
 class ConfigPart:
-    """One typed part of the main job's config. Each part checks its own keys (`check`: the ranges of RANGES it
-    owns, then `_checks`), standalone or inside the composed `AdversaryConfig`; a check that spans parts is the
+    """One typed part of the main job's config. Each part checks its own keys (`check_part`: the ranges of RANGES it
+    owns, then its `_checks`), standalone or inside the composed `AdversaryConfig`; a check that spans parts is the
     composition's."""
 
     def __post_init__(self):
@@ -80,9 +80,8 @@ class ModelArgs(LoraArgs, ConfigPart):
 
     def _checks(self) -> list:
         from conversations.assets import check_model_name
-        from conversations.precision import normalise_dtype
-
         from conversations.config import check_ranges
+        from conversations.precision import normalise_dtype
 
         check_ranges(self, {k: RANGES[k] for k in ("lora_r", "lora_alpha", "lora_dropout")})  # LoraArgs' own
         check_model_name(self.model, "model")
@@ -104,13 +103,11 @@ class DataArgs(ConfigPart):
     max_context_tokens: int = field(default=256, metadata={"help": "Token budget of the simulator's prompt (left-truncated)."})
     train_contexts: int = field(default=512, metadata={"help": "Training contexts for the adversarial phase."})
 
-    def _checks(self) -> list:
-        return []
-
 
 @dataclass
 class SamplingArgs(ConfigPart):
-    """How the simulator samples outside GRPO: held-out readings, the discriminator's simulated turns, the rounds, and the settings the export records."""
+    """How the simulator samples outside GRPO: held-out readings, the discriminator's simulated turns, the rounds,
+    and the settings the export records."""
 
     sim_temperature: float = field(default=1.0, metadata={
         "help": "Sampling temperature of the simulator outside GRPO: held-out evaluation, the discriminator's simulated "
@@ -122,9 +119,6 @@ class SamplingArgs(ConfigPart):
         "help": "Simulate held-out turns with a merged copy of the LoRA generator (LoRA's extra matmuls cost ~20% of "
                 "decoding on a CPU); the copy holds one more set of weights during an evaluation (0.5 GB for 135M, "
                 "18 GB for 9B: turn it off on GPUs short of memory). Never under DeepSpeed or FSDP (sharded weights)."})
-
-    def _checks(self) -> list:
-        return []
 
 
 @dataclass
@@ -298,7 +292,7 @@ class GateArgs(ConfigPart):
     gate_smooth: int = field(default=2, metadata={"help": "Readings averaged for the plateau rule (damps noise)."})
     gate_level: str = field(default="turn", metadata={
         "help": "Which reading the gate freezes on and picks the best checkpoint by: turn (td/panel) or "
-                "conversation (conv/td; needs conv_contexts > 0)."})
+                "conversation (conv/td; needs conv_contexts >= 20)."})
 
     def _checks(self) -> list:
         return [(self.gate_level in ("turn", "conversation"), "gate_level", "gate_level must be turn or conversation")]
@@ -327,11 +321,14 @@ class ExportArgs(ConfigPart):
 
 
 # the parts in the order they are saved (the resolved config of every run, checkpoint and export)
-PARTS = {"model": ModelArgs, "data": DataArgs, "sampling": SamplingArgs, "warmstart": WarmStartArgs, "discriminator": DiscriminatorArgs, "objective": ObjectiveArgs, "meter": MeterArgs, "gate": GateArgs, "export": ExportArgs}
+PARTS = {"model": ModelArgs, "data": DataArgs, "sampling": SamplingArgs, "warmstart": WarmStartArgs,
+         "discriminator": DiscriminatorArgs, "objective": ObjectiveArgs, "meter": MeterArgs, "gate": GateArgs,
+         "export": ExportArgs}
 
 
 @dataclass
-class AdversaryConfig(ExportArgs, GateArgs, MeterArgs, ObjectiveArgs, DiscriminatorArgs, WarmStartArgs, SamplingArgs, DataArgs, ModelArgs):
+class AdversaryConfig(ExportArgs, GateArgs, MeterArgs, ObjectiveArgs, DiscriminatorArgs, WarmStartArgs, SamplingArgs,
+                      DataArgs, ModelArgs):  # the reverse of PARTS: dataclass fields come in the order model ... export
     """Every key of the main job but the trainer's: the parts above composed side by side (a YAML preset and the
     command line stay flat: each key belongs to exactly one part, `cfg.part("gate")` is that part alone).
     TRL's GRPOConfig is parsed beside it."""

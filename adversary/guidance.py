@@ -60,11 +60,15 @@ class Guide:
         a, b = self.platt
         return a * np.asarray(self.disc.score(safe), dtype=np.float64) + b
 
-    def pick(self, candidates: list[list], rng: np.random.Generator) -> np.ndarray:
-        """Index of the kept candidate of each group [n] (every group has the same size)."""
+    def weigh(self, candidates: list[list], rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """(calibrated log-odds (n, K), index of the kept candidate (n,)) of n groups of K candidates each."""
         n, k = len(candidates), len(candidates[0])
         z = self.logodds([c for cs in candidates for c in cs]).reshape(n, k)
-        return choose(z, self.rule, rng)
+        return z, choose(z, self.rule, rng)
+
+    def pick(self, candidates: list[list], rng: np.random.Generator) -> np.ndarray:
+        """Index of the kept candidate of each group [n] (every group has the same size)."""
+        return self.weigh(candidates, rng)[1]
 
     def save(self, directory) -> None:
         from pathlib import Path
@@ -130,10 +134,9 @@ def guided_turns(engine, guide: Guide, contexts, settings, *, goals=None, person
 
     k = guide.k
     turns = user_turns(engine, contexts, settings, goals=goals, personas=personas, seed=seed, n=k)
-    items = [TurnRecord(id=f"{i}.{j}", context=c, user_turn=turns[i * k + j].text)
-             for i, c in enumerate(contexts) for j in range(k)]
-    z = guide.logodds(items).reshape(len(contexts), k)  # (n, K) calibrated log-odds of "real"
-    pick = choose(z, guide.rule, np.random.default_rng(seed if pick_seed is None else pick_seed))
+    groups = [[TurnRecord(id=f"{i}.{j}", context=c, user_turn=turns[i * k + j].text) for j in range(k)]
+              for i, c in enumerate(contexts)]
+    z, pick = guide.weigh(groups, np.random.default_rng(seed if pick_seed is None else pick_seed))
     return [turns[i * k + j] for i, j in enumerate(pick)], z, pick
 
 

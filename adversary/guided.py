@@ -142,12 +142,12 @@ def _pool(engine, data, settings, k_max: int, seed: int, out: Path):
 @friendly_errors
 def main(argv=None) -> int:
     from adversary.config import parse_job
+    from adversary.config import resolved as resolved_config
     from adversary.guidance import choose, effective_sample_size
     from adversary.heldout import HELDOUT_SEED, heldout_settings, simulate_heldout
     from adversary.stages import prepare_data, warm_start
     from adversary.train import quiet_libraries
     from conversations.bootstrap import percentile_ci, resample_counts
-    from adversary.config import resolved as resolved_config
     from conversations.config import to_jsonable
     from conversations.precision import inference_dtype
     from discriminator.turing import measure_td

@@ -306,9 +306,9 @@ def run_guided_arm(run, cfg, args, study, data, start_model: str, out: Path, gui
 
 @friendly_errors
 def main(argv=None) -> int:
+    from adversary.config import resolved as resolved_config
     from adversary.stages import prepare_data
     from adversary.train import quiet_libraries
-    from adversary.config import resolved as resolved_config
     from conversations.config import to_jsonable
     from conversations.loaders import write_jsonl
 

@@ -155,20 +155,29 @@ def test_fit_guide_fits_on_some_conversations_and_calibrates_on_the_others():
         fit_guide(make_discriminator(AdversaryConfig(disc_weights=[0.0, 1.0]), 0), real[:1], sims[:1])
 
 
+def _guided_export(tmp_path, model_path, guide, max_new_tokens: int):
+    """A frozen export of the tiny model that carries `guide` (its K and rule recorded in the manifest)."""
+    from adversary.export import export_frozen
+    from adversary.guidance import GUIDE_DIR
+    from generator.model import load_generator
+
+    model, tok = load_generator(model_path)
+    out = tmp_path / "frozen"
+    sampling = {"max_new_tokens": max_new_tokens, "temperature": 1.0, "top_p": 0.95, "top_k": 0, "min_new_tokens": 1,
+                "max_prompt_tokens": 64}
+    export_frozen(model, tok, out, {"sampling": sampling,
+                                    "guidance": {"k": guide.k, "rule": guide.rule, "dir": GUIDE_DIR}},
+                  extra=lambda d: guide.save(d / GUIDE_DIR))
+    return out
+
+
 def test_a_guided_export_is_hashed_and_load_simulator_uses_its_guide(tmp_path, tiny_lm_path):
-    from adversary.export import export_frozen, verify_export
+    from adversary.export import verify_export
     from adversary.guidance import GUIDE_DIR
     from agent_rl.gyms import UserRequest
     from agent_rl.users import load_simulator
-    from generator.model import load_generator
 
-    guide = _fitted_guide(k=3)
-    model, tok = load_generator(tiny_lm_path)
-    out = tmp_path / "frozen"
-    sampling = {"max_new_tokens": 6, "temperature": 1.0, "top_p": 0.95, "top_k": 0, "min_new_tokens": 1,
-                "max_prompt_tokens": 64}
-    export_frozen(model, tok, out, {"sampling": sampling, "guidance": {"k": 3, "rule": "resample", "dir": GUIDE_DIR}},
-                  extra=lambda d: guide.save(d / GUIDE_DIR))
+    out = _guided_export(tmp_path, tiny_lm_path, _fitted_guide(k=3), max_new_tokens=6)
     assert verify_export(out) == []
     assert any(name.startswith(f"{GUIDE_DIR}/") for name in __import__("json").loads(
         (out / "simulator.json").read_text())["files"])
@@ -201,20 +210,13 @@ def test_compare_samples_a_guided_export_through_its_guide_at_both_levels(tmp_pa
     """adversary.compare's simulator for a guided export keeps, with the argmax rule, the candidate the guide scores
     highest (turn level), and writes conversations through the same guide; #guidance=1 samples unguided."""
     from adversary.compare import EngineSimulator, label
-    from adversary.export import export_frozen
-    from adversary.guidance import GUIDE_DIR, guided_records
+    from adversary.guidance import guided_records
     from generator.assistants import ReplayAssistant
     from generator.engine import SamplingSettings
-    from generator.model import load_generator
 
     guide = _fitted_guide(k=3)
     guide.rule = "argmax"
-    model, tok = load_generator(tiny_lm_path)
-    out = tmp_path / "frozen"
-    sampling = {"max_new_tokens": 5, "temperature": 1.0, "top_p": 0.95, "top_k": 0, "min_new_tokens": 1,
-                "max_prompt_tokens": 64}
-    export_frozen(model, tok, out, {"sampling": sampling, "guidance": {"k": 3, "rule": "argmax", "dir": GUIDE_DIR}},
-                  extra=lambda d: guide.save(d / GUIDE_DIR))
+    out = _guided_export(tmp_path, tiny_lm_path, guide, max_new_tokens=5)
     sim = EngineSimulator(f"frozen:{out}", "fp32", 8, SamplingSettings())
     assert sim.guide is not None and sim.guide.k == 3 and sim.guide.rule == "argmax"
     assert sim.settings.max_new_tokens == 5  # the export's own sampling
