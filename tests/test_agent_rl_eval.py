@@ -99,3 +99,31 @@ def test_paired_statistics_exact():
         {"simulator": "s", "gym": "g", "task_id": "extra", "seed": 0, "return": 9.0}]  # unpaired: ignored
     res = compare_records(recs_a, recs_b, ["g"], ["s"])
     assert res["rows"][-1]["delta"] == pytest.approx(50.0) and res["rows"][-1]["n"] == 2
+
+
+def test_report_scores_every_agent_and_compares_the_pair(tmp_path):
+    from agent_rl.report import main as report_main
+
+    out = tmp_path / "rep"
+    argv = ["--agents", "random=scripted:random", "oracle=scripted:oracle", "--pair", "random", "oracle",
+            "--reference", "scripted:oracle", "--simulators", "scripted:terse", "--gyms", "intention,travel",
+            "--episodes", "3", "--out", str(out), "--json", str(tmp_path / "agents.json")]
+    assert report_main(argv) == 0
+    res = json.loads((tmp_path / "agents.json").read_text())
+    rand, orac = res["agents"]["random"], res["agents"]["oracle"]
+    assert rand["n"] == orac["n"] == 6 and rand["deltas"] == {}
+    d = orac["deltas"]["random"]
+    # every task paired: the delta is the difference of the two overall scores, and the oracle solves what random cannot
+    assert d["delta"] == pytest.approx(orac["score"] - rand["score"]) and d["ci_low"] > 0 and d["n"] == 6
+    assert orac["by_gym"]["travel"]["n"] == 3
+    cmp = res["comparison"]
+    assert cmp["a"] == "random" and cmp["b"] == "oracle" and cmp["improved"] == 1
+    assert cmp["episodes_per_agent_and_simulator"] == {"scripted:terse": 6}
+    assert "oracle improved on 1 of 1 simulators" in (out / "report.md").read_text()
+    # a rerun plays nothing new: every episode comes from the cache
+    lines = (out / EPISODES_FILE).read_text().splitlines()
+    assert report_main(argv) == 0 and (out / EPISODES_FILE).read_text().splitlines() == lines
+    with pytest.raises(SystemExit):
+        report_main(["--agents", "scripted:random", "--out", str(out)])
+    with pytest.raises(SystemExit):
+        report_main(["--agents", "a=scripted:random", "--pair", "a", "b", "--out", str(out)])
