@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from conversations.config import ConfigError
 from conversations.seeds import derive_seed
-from generator.engine import Engine, SamplingSettings, inference_model, stop_token_ids
+from generator.engine import SamplingSettings, policy_engine, stop_token_ids
 
 
 class EngineRollout:
     """TRL `rollout_func` for `GRPOTrainer` on plain-text prompts: the group's completions are sampled by this engine
-    from a merged inference copy of the policy (`inference_model`) instead of `model.generate` over the LoRA-wrapped
+    from a merged inference copy of the policy (`policy_engine`) instead of `model.generate` over the LoRA-wrapped
     training weights. The same distribution (temperature, top-p, top-k as TRL's `GRPOConfig` says), stopping at the
     engine's stop tokens (the trainer's `eos_token_ids` are widened to them, so `mask_truncated_completions` reads a
     turn that ended on `<|im_start|>` as ended). Log-probs are left to TRL to recompute (`logprobs: None`).
@@ -42,10 +42,9 @@ class EngineRollout:
         # tokenized as TRL tokenizes a plain-text prompt
         prompt_ids = self.tokenizer(text=list(prompts))["input_ids"]
         step, rank = trainer.state.global_step, trainer.accelerator.process_index
-        with inference_model(trainer.model_wrapped, trainer.accelerator, precision=self.precision,
-                             merge_lora=self.merge_lora, gather_zero3=trainer.args.ds3_gather_for_generation) as model:
-            engine = Engine(model, self.tokenizer, batch_size=self.batch_size, precision=self.precision,
-                            stop_ids=trainer.eos_token_ids)
+        with policy_engine(trainer, self.tokenizer, precision=self.precision, batch_size=self.batch_size,
+                           merge_lora=self.merge_lora, gather_zero3=trainer.args.ds3_gather_for_generation,
+                           stop_ids=trainer.eos_token_ids) as engine:
             # differs per step and per process: a repeated prompt must not replay the same random stream
             out = engine.complete(prompt_ids, self.settings, seed=derive_seed(self.seed, step=step, rank=rank))
         return {"prompt_ids": prompt_ids, "completion_ids": [c.ids for c in out], "logprobs": None}

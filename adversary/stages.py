@@ -163,14 +163,13 @@ def fit_discriminator(cfg, disc, model, tokenizer, data: RunData, seed: int) -> 
     """Initial fit on real turns against the (warm-started) generator's turns for the same train contexts. Every
     process fits the same way from the same seed and data, so the discriminator starts identical on every rank."""
     from adversary.heldout import heldout_settings
-    from generator.engine import Engine, inference_copy
+    from generator.engine import policy_engine
     from generator.sample import simulate_records
 
     t0 = time.perf_counter()
     contexts = data.disc_fit
-    engine = Engine(inference_copy(model, cfg.dtype), tokenizer, batch_size=cfg.sim_batch_size, precision=cfg.dtype)
-    sims = simulate_records(engine, contexts, heldout_settings(cfg), seed=seed + 2)
-    del engine
+    with policy_engine(model, tokenizer, precision=cfg.dtype, batch_size=cfg.sim_batch_size) as engine:
+        sims = simulate_records(engine, contexts, heldout_settings(cfg), seed=seed + 2)
     from adversary.discriminator import with_end
 
     on = cfg.disc_sees_end

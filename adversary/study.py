@@ -173,7 +173,7 @@ def plateau_warm_start(cfg, args, study, data, out: Path) -> tuple[str, list[dic
 
     from adversary.heldout import heldout_settings, simulate_heldout
     from discriminator.turing import measure_td
-    from generator.engine import inference_copy
+    from generator.engine import policy_model
     from adversary.stages import warm_start_config
     from generator.sft import heldout_perplexity, run_sft
 
@@ -188,8 +188,9 @@ def plateau_warm_start(cfg, args, study, data, out: Path) -> tuple[str, list[dic
 
     def read(model, tok, step: int, seconds: float):
         t0 = time.time()
-        frozen = inference_copy(model, cfg.dtype)
-        sims = simulate_heldout(frozen, tok, data.val, cfg, precision=cfg.dtype, settings=heldout_settings(cfg))
+        with policy_model(model, precision=cfg.dtype) as frozen:
+            sims = simulate_heldout(frozen, tok, data.val, cfg, precision=cfg.dtype, settings=heldout_settings(cfg))
+        del frozen
         rep = measure_td(data.val, sims, detectors=("classical", "style"), folds=cfg.heldout_folds, seed=args.seed,
                          n_boot=200)
         ppl = heldout_perplexity(model, tok, ppl_items, **ppl_kw)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 from conversations import DataError
+from conversations.seeds import derive_seed
 
 from agent_rl.gyms import Task, get_gym
 
@@ -136,12 +137,16 @@ class PolicyAgent:
         seed: int = 0,
         record: bool = False,
         precision: str | None = None,
+        engine=None,
     ):
+        """`engine`: decode on this `Engine` (a policy being trained: `generator.engine.policy_engine`) instead of a
+        new one on `model` (`batch_size` and `precision` are then the engine's)."""
         from generator.engine import Engine, SamplingSettings
 
         self.model, self.tokenizer, self.spec = model, tokenizer, spec
         self.settings = SamplingSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
-        self.engine = Engine(model, tokenizer, batch_size=batch_size, precision=precision)
+        self.engine = engine if engine is not None else Engine(model, tokenizer, batch_size=batch_size,
+                                                               precision=precision)
         self.max_seq_len, self.seed, self.record = max_seq_len, seed, record
         self.format = ChatTurnFormat(tokenizer)
         self.seqs: dict[int, EpisodeTokens] = {}
@@ -172,7 +177,8 @@ class PolicyAgent:
     def act(self, views):
         seqs = [self._sync(v) for v in views]
         self.calls += 1
-        done = self.engine.complete([s.ids for s in seqs], self.settings, seed=self.seed + 104729 * self.calls)
+        done = self.engine.complete([s.ids for s in seqs], self.settings,
+                                    seed=derive_seed(self.seed, stream=self.calls))
         texts = []
         for s, c in zip(seqs, done):
             # the stop token stays: the policy sampled it, and training scores exactly the sampled sequence

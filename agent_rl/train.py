@@ -137,25 +137,24 @@ class AgentRollout:
         ]
         import time
 
-        from generator.engine import inference_model
+        from generator.engine import policy_engine
 
         t0 = time.perf_counter()
         # the engine's path, as for every other caller: a merged bf16 copy of the LoRA policy where the CPU is fast in
         # bf16 (the unmerged LoRA model decoded 38-49 s a GRPO step of 8 episodes); the training weights untouched
-        with inference_model(trainer.model_wrapped, trainer.accelerator, precision=a.dtype, merge_lora=a.rollout_merge,
-                             gather_zero3=trainer.args.ds3_gather_for_generation) as model:
+        with policy_engine(trainer, self.tokenizer, precision=a.dtype, batch_size=max(1, len(specs)),
+                           merge_lora=a.rollout_merge, gather_zero3=trainer.args.ds3_gather_for_generation) as engine:
             agent = PolicyAgent(
-                model,
+                engine.model,
                 self.tokenizer,
                 max_new_tokens=a.agent_max_new_tokens,
                 temperature=a.agent_temperature,
                 top_p=a.agent_top_p,
-                batch_size=max(1, len(specs)),
                 max_seq_len=a.max_seq_len,
                 # differs per step and per process: the same task must not replay the same random stream
                 seed=derive_seed(trainer.args.seed, step=step, rank=rank),
                 record=True,
-                precision=a.dtype,
+                engine=engine,
             )
             results = run_episodes(agent, self.simulator, specs)
         seconds = time.perf_counter() - t0  # the merged copy, the agent's and the user's turns: the step's rollout part

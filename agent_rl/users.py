@@ -25,6 +25,7 @@ from typing import Protocol, Sequence
 
 from adversary.guidance import load_export_guide, split_guidance
 from conversations import DataError
+from conversations.seeds import derive_seed
 from generator.engine import SamplingSettings
 
 from agent_rl.gyms import ORACLE, TERSE, UserRequest, get_gym
@@ -122,7 +123,7 @@ class LMUser:
                                  max_context_tokens=s.max_prompt_tokens) for r in requests]
         ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
         # a new seed per call, else every turn of a run would replay the same random stream
-        seed = self.seed + 7919 * self.calls
+        seed = derive_seed(self.seed, step=self.calls)
         k = self.guide.k if self.guide is not None else 1
         done = self.engine.complete(ids, s, seed=seed, cancelled=cancelled, n=k)
         if k > 1:  # K candidates a request from one prefill; the guide keeps one of each K

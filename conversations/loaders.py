@@ -288,18 +288,24 @@ def iter_conversations(
         raw = _iter_dataset(spec, dataset_split)
     else:
         raw = iter_raw_records(spec)
+    yield from _converted(raw, lambda loc, obj: to_conversation(obj, fmt, loc), report, skip_invalid)
+    report.truncated_tail = tolerate_tail
+
+
+def _converted(raw, convert, report: LoadReport, skip_invalid: bool) -> Iterator:
+    """`convert(loc, obj)` over the raw records, counted in `report`; an invalid record raises its DataError, or with
+    `skip_invalid` is listed in `report.invalid` and left out."""
     for loc, obj in raw:
         report.records += 1
         try:
-            conv = to_conversation(obj, fmt, loc)
+            item = convert(loc, obj)
         except DataError as e:
             if not skip_invalid:
                 raise
             report.invalid.append((e.source or loc, e.reason))
             continue
         report.loaded += 1
-        yield conv
-    report.truncated_tail = tolerate_tail
+        yield item
 
 
 def load_conversations(
@@ -319,22 +325,15 @@ def load_conversations(
 def load_turn_records(path: str | os.PathLike, *, skip_invalid: bool = False) -> tuple[list[TurnRecord], LoadReport]:
     """Read turn records `{id, context, user_turn}` (JSONL or a JSON array)."""
     report = LoadReport(str(path))
-    out = []
-    for loc, obj in iter_raw_records(path):
-        report.records += 1
-        try:
-            if isinstance(obj, _Bad):
-                raise DataError(obj.reason, loc)
-            if _has_bad_utf8(obj):
-                raise DataError("invalid UTF-8 bytes", loc)
-            out.append(TurnRecord.from_dict(obj, loc))
-        except DataError as e:
-            if not skip_invalid:
-                raise
-            report.invalid.append((e.source or loc, e.reason))
-            continue
-        report.loaded += 1
-    return out, report
+
+    def convert(loc, obj) -> TurnRecord:
+        if isinstance(obj, _Bad):
+            raise DataError(obj.reason, loc)
+        if _has_bad_utf8(obj):
+            raise DataError("invalid UTF-8 bytes", loc)
+        return TurnRecord.from_dict(obj, loc)
+
+    return list(_converted(iter_raw_records(path), convert, report, skip_invalid)), report
 
 
 def read_items(source: str | os.PathLike, fmt: str = "auto", *, skip_invalid: bool = False) -> list[TurnRecord]:

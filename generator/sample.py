@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from conversations import TurnRecord
+from conversations.seeds import derive_seed
 from generator.engine import Engine, SamplingSettings
 from generator.prompts import END_MARKER, render_prompt, strip_end_marker
 
@@ -73,7 +74,8 @@ def user_turns(
         empty = [i for i, t in enumerate(out) if not t.text]
         if not empty:
             break
-        again = engine.complete_texts([prompts[i // n] for i in empty], settings, seed=seed + 104_729 * attempt)
+        again = engine.complete_texts([prompts[i // n] for i in empty], settings,
+                                      seed=derive_seed(seed, stream=attempt))
         for i, c in zip(empty, again):
             out[i] = _turn(c)
     if settings.end_bias is not None:  # the end decision drawn apart from the text (generator.ending)

@@ -237,3 +237,40 @@ def test_heldout_generation_uses_a_merged_copy_and_leaves_the_adapter_alone(tiny
         with torch.no_grad():
             torch.testing.assert_close(gen(input_ids=ids).logits.float(), want, atol=0.05, rtol=0.05)
     assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_policy_engine_is_the_one_way_in_for_a_model_or_a_trainer(tiny_lm_path):
+    """`policy_engine` takes the model being trained or its trainer: either way the engine decodes a merged frozen
+    copy with the model's logits, at the batch size asked for, and the training model is left as it was; without the
+    merge it decodes the model itself."""
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+
+    from generator.engine import SamplingSettings, policy_engine
+    from generator.model import LoraSettings, load_generator
+
+    model, tok = load_generator("tiny-random", lora=LoraSettings(r=4, alpha=8))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5)
+    before = {n: p.detach().clone() for n, p in model.state_dict().items()}
+    ids = torch.arange(1, 9)[None]
+    model.eval()
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+    trainer = SimpleNamespace(model_wrapped=model, accelerator=Accelerator(cpu=True))
+    for policy in (model, trainer):
+        with policy_engine(policy, tok, precision="fp32", batch_size=3) as engine:
+            assert engine.model is not model and engine.batch_size == 3
+            assert not any("lora_" in n for n, _ in engine.model.named_parameters())
+            with torch.no_grad():
+                torch.testing.assert_close(engine.model(input_ids=ids).logits, want, atol=1e-4, rtol=1e-4)
+            done = engine.complete([[1, 2, 3]] * 4, SamplingSettings(max_new_tokens=3, min_new_tokens=3), seed=0)
+            assert [len(c.ids) for c in done] == [3] * 4
+        assert engine.model is None  # the copy let go on exit
+    with policy_engine(model, tok, merge_lora=False) as engine:
+        assert engine.model is model
+    after = model.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)

@@ -84,3 +84,11 @@ def test_one_seed_formula():
     spelled = [str(p.relative_to(ROOT)) for pkg in LAYERS for p in (ROOT / pkg).rglob("*.py")
                if "1_000_003 * rank" in p.read_text() and p.name != "seeds.py"]
     assert not spelled, spelled
+
+
+def test_one_way_into_the_engine_for_a_policy_being_trained():
+    """`generator.engine.policy_model` / `policy_engine` are how a model or trainer gets ready for the engine: no
+    module outside the engine package makes the inference copy itself."""
+    direct = [str(p.relative_to(ROOT)) for pkg in LAYERS for p in (ROOT / pkg).rglob("*.py")
+              if p.parent.name != "engine" and any(f"{f}(" in p.read_text() for f in ("inference_copy", "inference_model"))]
+    assert not direct, f"use generator.engine.policy_engine / policy_model: {direct}"

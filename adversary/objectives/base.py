@@ -13,7 +13,6 @@ the budget, when to read td, a checkpoint after every round, resuming from the n
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 import time
@@ -113,13 +112,9 @@ class Objective:
 
     def generation(self):
         """A context manager yielding the model the meter simulates with (a merged inference copy by default)."""
-        from generator.engine import inference_copy
+        from generator.engine import policy_model
 
-        @contextlib.contextmanager
-        def copy():
-            yield inference_copy(self.phase.model, self.phase.cfg.dtype)
-
-        return copy()
+        return policy_model(self.phase.model, precision=self.phase.cfg.dtype)
 
     def save_best(self, directory: Path) -> None:
         shutil.rmtree(directory, ignore_errors=True)
@@ -239,17 +234,15 @@ class RoundsObjective(Objective):
         from adversary.heldout import heldout_settings
         from adversary.rounds import round_contexts
         from conversations.memory import release_memory
-        from generator.engine import Engine, inference_copy
+        from generator.engine import policy_engine
         from generator.sample import user_turns
 
         ph, cfg = self.phase, self.phase.cfg
         contexts = round_contexts(ph.data, cfg, k, ph.args.seed)
         settings = heldout_settings(cfg, temperature)
-        engine = Engine(inference_copy(ph.model, cfg.dtype), ph.tokenizer, batch_size=cfg.sim_batch_size,
-                        precision=cfg.dtype)
         many = [c for c in contexts for _ in range(n_samples)]
-        turns = user_turns(engine, [c.context for c in many], settings, seed=ph.args.seed * 7919 + k)
-        del engine
+        with policy_engine(ph.model, ph.tokenizer, precision=cfg.dtype, batch_size=cfg.sim_batch_size) as engine:
+            turns = user_turns(engine, [c.context for c in many], settings, seed=ph.args.seed * 7919 + k)
         release_memory()
         samples = [turns[i * n_samples:(i + 1) * n_samples] for i in range(len(contexts))]
         from adversary.discriminator import with_end

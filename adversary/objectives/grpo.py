@@ -49,11 +49,10 @@ class GRPO(Objective):
                 for h in self.trainer.state.log_history if "reward" in h]
 
     def generation(self):
-        from generator.engine import inference_model
+        from generator.engine import policy_model
 
-        t, cfg = self.trainer, self.phase.cfg
-        return inference_model(t.model_wrapped, t.accelerator, precision=cfg.dtype, merge_lora=cfg.heldout_merge_lora,
-                               gather_zero3=self.phase.args.ds3_gather_for_generation)
+        return policy_model(self.trainer, precision=self.phase.cfg.dtype, merge_lora=self.phase.cfg.heldout_merge_lora,
+                            gather_zero3=self.phase.args.ds3_gather_for_generation)
 
     def save_best(self, directory) -> None:
         from adversary.trainer_parts import save_policy

@@ -17,15 +17,17 @@ What it does that `model.generate` does not, each measured on 2 CPU cores (docs/
 Sampling settings are one object, `SamplingSettings`, shared by every caller and recorded in the export.
 
 The package's parts: `settings` (SamplingSettings, Completion, stop tokens), `sampler` (NucleusSampler), `cache` (the
-growing key/value cache), `decode` (Engine, the loop), `weights` (inference_copy, inference_model). The TRL rollout
-adapter of GRPO lives with its caller (`adversary.rollout.EngineRollout`).
+growing key/value cache), `decode` (Engine, the loop), `weights` (inference_copy, inference_model, and the one way into
+the engine for a policy being trained, model or trainer: `policy_model` and `policy_engine`). The TRL rollout adapter
+of GRPO lives with its caller (`adversary.rollout.EngineRollout`).
 """
 
 from generator.engine.cache import new_cache
 from generator.engine.decode import MIN_SHARED_PREFIX, PREFILL_CHUNK_TOKENS, Engine, decoding_attention
 from generator.engine.sampler import NucleusSampler
 from generator.engine.settings import Completion, SamplingSettings, stop_token_ids
-from generator.engine.weights import inference_copy, inference_model
+from generator.engine.weights import inference_copy, inference_model, policy_engine, policy_model
 
 __all__ = ["Completion", "Engine", "MIN_SHARED_PREFIX", "NucleusSampler", "PREFILL_CHUNK_TOKENS", "SamplingSettings",
-           "decoding_attention", "inference_copy", "inference_model", "new_cache", "stop_token_ids"]
+           "decoding_attention", "inference_copy", "inference_model", "new_cache", "policy_engine", "policy_model",
+           "stop_token_ids"]

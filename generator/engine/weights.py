@@ -1,5 +1,7 @@
 """The model the engine decodes: a frozen inference copy with any LoRA adapter merged, in the precision's dtype, made
-without a transient full-precision copy; and the trainer's model made ready for the engine (`inference_model`)."""
+without a transient full-precision copy (`inference_copy`); the trainer's model made ready for the engine
+(`inference_model`); and the one way every caller that samples from a policy being trained goes through them:
+`policy_model` (the model ready for the engine) and `policy_engine` (an `Engine` on it)."""
 
 from __future__ import annotations
 
@@ -91,5 +93,48 @@ def inference_model(model_wrapped, accelerator, *, precision: str = "fp32", merg
                 yield inference_copy(model, precision)  # + one copy of the weights while it is in use
             else:
                 yield model
+
+    return ctx()
+
+
+def _is_trainer(policy) -> bool:
+    return hasattr(policy, "model_wrapped") and hasattr(policy, "accelerator")
+
+
+def policy_model(policy, *, precision: str = "fp32", merge_lora: bool = True, gather_zero3: bool = True):
+    """The one way a policy being trained is made ready for the engine, a context manager yielding the model to
+    decode. `policy` is a model or a transformers/TRL trainer:
+    - a trainer: its wrapped model unwrapped for generation (`inference_model`: gradient checkpointing off, ZeRO-3
+      weights gathered when `gather_zero3`), then a merged copy as below unless the model is sharded;
+    - a model: with `merge_lora` a frozen copy with any LoRA adapter merged, in the precision's dtype
+      (`inference_copy`); without, the model itself (no second copy of the weights: a GPU short of memory).
+    The training weights are never touched; the copy is dropped on exit."""
+    import contextlib
+
+    if _is_trainer(policy):
+        return inference_model(policy.model_wrapped, policy.accelerator, precision=precision, merge_lora=merge_lora,
+                               gather_zero3=gather_zero3)
+    return contextlib.nullcontext(inference_copy(policy, precision) if merge_lora else policy)
+
+
+def policy_engine(policy, tokenizer, *, precision: str = "fp32", batch_size: int = 64, merge_lora: bool = True,
+                  gather_zero3: bool = True, **engine_kw):
+    """An `Engine` on `policy_model(policy, ...)` (see there), a context manager: every caller that samples from a
+    policy being trained (the discriminator's fit, the rounds' pairs, GRPO's and the agents' rollouts) enters the
+    engine here. `engine_kw` go to `Engine` (stop_ids, share_prefix, ...). On exit the engine lets go of its model,
+    so the copy is freed even where the caller's name for the engine lives on (the next stage's peak lands there)."""
+    import contextlib
+
+    from generator.engine.decode import Engine
+
+    @contextlib.contextmanager
+    def ctx():
+        with policy_model(policy, precision=precision, merge_lora=merge_lora, gather_zero3=gather_zero3) as model:
+            engine = Engine(model, tokenizer, batch_size=batch_size, precision=precision, **engine_kw)
+            del model
+            try:
+                yield engine
+            finally:
+                engine.model = None
 
     return ctx()
