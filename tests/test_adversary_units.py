@@ -239,10 +239,11 @@ def test_heldout_generation_uses_a_merged_copy_and_leaves_the_adapter_alone(tiny
     assert all(p.dtype == torch.float32 for p in model.parameters())
 
 
-def test_policy_engine_is_the_one_way_in_for_a_model_or_a_trainer(tiny_lm_path):
+def test_policy_engine_is_the_one_way_in_for_a_model_or_a_trainer(tiny_lm_path, monkeypatch):
     """`policy_engine` takes the model being trained or its trainer: either way the engine decodes a merged frozen
     copy with the model's logits, at the batch size asked for, and the training model is left as it was; without the
-    merge it decodes the model itself."""
+    merge it decodes the model itself. The copy is made on entry, not when the context manager is made (the meter
+    trims the heap in between)."""
     from types import SimpleNamespace
 
     from accelerate import Accelerator
@@ -272,5 +273,13 @@ def test_policy_engine_is_the_one_way_in_for_a_model_or_a_trainer(tiny_lm_path):
         assert engine.model is None  # the copy let go on exit
     with policy_engine(model, tok, merge_lora=False) as engine:
         assert engine.model is model
+    import generator.engine.weights as weights
+
+    copies = []
+    monkeypatch.setattr(weights, "inference_copy", lambda m, p: copies.append(p) or m)
+    pending = weights.policy_model(model, precision="bf16")
+    assert copies == []
+    with pending:
+        assert copies == ["bf16"]
     after = model.state_dict()
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)

@@ -108,13 +108,19 @@ def policy_model(policy, *, precision: str = "fp32", merge_lora: bool = True, ga
       weights gathered when `gather_zero3`), then a merged copy as below unless the model is sharded;
     - a model: with `merge_lora` a frozen copy with any LoRA adapter merged, in the precision's dtype
       (`inference_copy`); without, the model itself (no second copy of the weights: a GPU short of memory).
-    The training weights are never touched; the copy is dropped on exit."""
+    The copy is made on entry (a caller may trim the heap first) and dropped on exit; the training weights are
+    never touched."""
     import contextlib
 
     if _is_trainer(policy):
         return inference_model(policy.model_wrapped, policy.accelerator, precision=precision, merge_lora=merge_lora,
                                gather_zero3=gather_zero3)
-    return contextlib.nullcontext(inference_copy(policy, precision) if merge_lora else policy)
+
+    @contextlib.contextmanager
+    def ctx():
+        yield inference_copy(policy, precision) if merge_lora else policy
+
+    return ctx()
 
 
 def policy_engine(policy, tokenizer, *, precision: str = "fp32", batch_size: int = 64, merge_lora: bool = True,
