@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from conversations.seeds import seed_for
+
 SEED_USER_TURNS = 1  # the real opening turn every continuation starts from
 
 
@@ -37,7 +39,8 @@ def heldout_conversations(cfg, seed: int) -> list:
     convs = [c for c in convs if (body := [m for m in c.messages if m["role"] != "system"]) and body[0]["role"] == "user"
              and sum(m["role"] == "user" for m in body) > SEED_USER_TURNS]
     n = min(cfg.conv_contexts, len(convs))
-    return [convs[i] for i in sorted(random.Random(seed + 11).sample(range(len(convs)), n))]
+    rng = random.Random(seed_for("conversation_pick", seed))
+    return [convs[i] for i in sorted(rng.sample(range(len(convs)), n))]
 
 
 def end_calibration(cfg, train: list, seed: int) -> tuple[list, float | None]:
@@ -53,7 +56,8 @@ def end_calibration(cfg, train: list, seed: int) -> tuple[list, float | None]:
     if cfg.end_decision != "calibrated" or not cfg.conv_contexts:
         return [], None
     after = [r for r in train if any(m["role"] == "assistant" for m in r.context)]  # not an opening request
-    picked = random.Random(seed + 13).sample(after, min(cfg.end_calibration_contexts, len(after)))
+    rng = random.Random(seed_for("end_calibration", seed))
+    picked = rng.sample(after, min(cfg.end_calibration_contexts, len(after)))
     convs = split_conversations(load_conversations_for(cfg.data), 0.05, 0.05)["train"]
     return picked, window_end_rate(convs, SEED_USER_TURNS, cfg.conv_max_turns)
 

@@ -32,6 +32,7 @@ if __package__ in (None, ""):
 
 from conversations.cli_util import friendly_errors
 from conversations.config import ConfigError
+from conversations.seeds import seed_for
 
 
 @dataclass
@@ -110,7 +111,7 @@ def _load_or_fit_discriminator(cfg, args, guided, data, engine, settings, out: P
         scaler.a, scaler.b = doc["platt"]["a"], doc["platt"]["b"]
         return Discriminator.from_saved(ddir), scaler, doc
     t0 = time.time()
-    sims = simulate_records(engine, data.disc_fit, settings, seed=args.seed + 2)
+    sims = simulate_records(engine, data.disc_fit, settings, seed=seed_for("fit_samples", args.seed))
     guide = fit_guide(make_discriminator(cfg, args.seed), data.disc_fit, sims, guided.calib_fraction,
                       epochs=cfg.disc_epochs)
     doc = {**guide.report, "seconds": round(time.time() - t0, 1)}  # the simulation included

@@ -14,6 +14,7 @@ from adversary.conversation_meter import (calibrated_end_bias, conversation_line
                                          simulate_heldout_conversations)
 from adversary.crashpoints import crash_point
 from conversations.schema import TurnRecord
+from conversations.seeds import seed_for
 from discriminator.turing import measure_td
 from generator.diagnostics import realism_diagnostics
 from generator.engine import Engine, SamplingSettings
@@ -121,7 +122,8 @@ class HeldoutMeter:
         is_main = accelerator is None or accelerator.is_main_process
         t0 = time.perf_counter()
         release_memory()  # the simulation's cache lands on a trimmed heap, not on what training left (the run's peak)
-        seeds = [HELDOUT_SEED + 1000 * i for i in range(self.cfg.meter_seeds)]  # the same at every reading
+        # the same at every reading
+        seeds = [seed_for("meter_seed", HELDOUT_SEED, i) for i in range(self.cfg.meter_seeds)]
         convs = getattr(self.data, "heldout_convs", None)
         with generation as model:
             per_seed = [simulate_heldout(model, self.tok, self.data.heldout, self.cfg, accelerator, seed=s,

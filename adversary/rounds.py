@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from conversations.schema import TurnRecord
+from conversations.seeds import seed_for
 
 # pairs padded to a multiple of this many tokens: a few allocation sizes that glibc reuses, not one per length (a
 # round's resident memory grew with every micro-batch of a new length; 3.5 -> 3.2 GB by this alone, same time)
@@ -30,7 +31,7 @@ def round_contexts(data, cfg, k: int, seed: int) -> list[TurnRecord]:
     pool = data.grpo
     n = min(cfg.round_contexts, len(pool))
     per_pass = len(pool) // n
-    order = random.Random(seed * 1_000_003 + k // per_pass).sample(range(len(pool)), len(pool))
+    order = random.Random(seed_for("round_pass", seed, k // per_pass)).sample(range(len(pool)), len(pool))
     at = (k % per_pass) * n
     return [pool[i] for i in order[at:at + n]]
 

@@ -13,6 +13,7 @@ import numpy as np
 from conversations.fingerprint import fingerprint
 from conversations.memory import peak_rss_mb, release_memory
 from conversations.schema import TurnRecord
+from conversations.seeds import seed_for
 from generator.data import load_turns, sample_records
 
 log = logging.getLogger("adversary")
@@ -45,7 +46,7 @@ def prepare_data(cfg, seed: int, *, val_contexts: int = 0) -> RunData:
 
     from conversations.schema import DataError
 
-    seeds = {"train_order": seed, "heldout": seed, "val": seed + 5}
+    seeds = {"train_order": seed, "heldout": seed, "val": seed_for("val_split", seed)}
     kw = dict(max_context_messages=cfg.max_context_messages, max_turn_chars=cfg.max_turn_chars)
     train = [r for r in load_turns(cfg.data, "train", **kw) if r.user_turn.strip()]
     test = [r for r in load_turns(cfg.data, "test", **kw) if r.user_turn.strip()]
@@ -169,7 +170,7 @@ def fit_discriminator(cfg, disc, model, tokenizer, data: RunData, seed: int) -> 
     t0 = time.perf_counter()
     contexts = data.disc_fit
     with policy_engine(model, tokenizer, precision=cfg.dtype, batch_size=cfg.sim_batch_size) as engine:
-        sims = simulate_records(engine, contexts, heldout_settings(cfg), seed=seed + 2)
+        sims = simulate_records(engine, contexts, heldout_settings(cfg), seed=seed_for("fit_samples", seed))
     from adversary.discriminator import with_end
 
     on = cfg.disc_sees_end
@@ -359,7 +360,7 @@ def export_guide(cfg, args, model, tok, data: RunData, manifest: dict):
     contexts = data.disc_fit + data.rest[: max(0, cfg.export_guide_contexts - len(data.disc_fit))]
     settings = SamplingSettings.from_dict(manifest["sampling"])
     engine = Engine(model, tok, batch_size=cfg.sim_batch_size, precision=cfg.dtype)
-    sims = simulate_records(engine, contexts, settings, seed=args.seed + 2)
+    sims = simulate_records(engine, contexts, settings, seed=seed_for("fit_samples", args.seed))
     guide_cfg = copy.copy(cfg)
     guide_cfg.disc_weights = [0.0, 1.0]  # the classical member: its signal reached fresh detectors (docs/results.md)
     guide = fit_guide(make_discriminator(guide_cfg, args.seed), contexts, sims, 0.25, cfg.export_guidance,

@@ -43,6 +43,7 @@ if __package__ in (None, ""):
 
 from conversations.cli_util import friendly_errors
 from conversations.config import ConfigError
+from conversations.seeds import seed_for
 from adversary.study_scoring import (_panel_td, load_arm, paired_differences, score_arm,  # noqa: F401 (_panel_td: tests)
                                      score_conversations)
 
@@ -235,8 +236,8 @@ def run_sft_arm(cfg, args, study, data, start_model: str, out: Path) -> dict:
     from generator.sft import run_sft
 
     t0 = time.time()
-    sft_args, config = warm_start_config(cfg, args, out, 100_000, args.seed + 7, lr_scheduler_type="constant",
-                                         warmup_ratio=0.0)
+    sft_args, config = warm_start_config(cfg, args, out, 100_000, seed_for("study_warm_start", args.seed),
+                                         lr_scheduler_type="constant", warmup_ratio=0.0)
     sft_args.model = start_model
     # fresh turns, never the warm start's: the end of the rest of the train split, in its seeded order; enough for a
     # step a second (building each example costs ~3 ms, inside the arm's time)
@@ -290,7 +291,7 @@ def run_guided_arm(run, cfg, args, study, data, start_model: str, out: Path, gui
     model, tok = load_arm(res["model_dir"], cfg, args)
     settings = heldout_settings(cfg)
     sims = simulate_records(Engine(model, tok, batch_size=cfg.sim_batch_size, precision=cfg.dtype), contexts,
-                            settings, seed=args.seed + 2)
+                            settings, seed=seed_for("fit_samples", args.seed))
     guide = fit_guide(make_discriminator(cfg, args.seed), contexts, sims, study.guide_calib_fraction, guide_spec["k"],
                       guide_spec["rule"], epochs=cfg.disc_epochs)
     del model

@@ -30,7 +30,7 @@ from typing import Any  # noqa: E402
 
 from conversations.cli_util import friendly_errors  # noqa: E402
 from conversations.config import ConfigError, dump_config, parse_config  # noqa: E402
-from conversations.seeds import derive_seed  # noqa: E402
+from conversations.seeds import derive_seed, seed_for  # noqa: E402
 
 from agent_rl.credit import TRAJECTORY_SCORES, TURN_CREDITS, trajectory_score, turn_credits  # noqa: E402
 from agent_rl.agents import ROLLOUT_TEMPERATURE, ROLLOUT_TOP_P  # noqa: E402
@@ -72,6 +72,14 @@ class AgentRLArgs(UserSamplingArgs, LoraArgs):
                 "GPU short of memory)"})
     dtype: str = field(default="auto", metadata={
         "help": "precision: auto (bf16 on GPUs and fast-bf16 CPUs, else fp32), bf16 or fp32; --bf16 means the same"})
+    eval_every: int = field(default=0, metadata={
+        "help": "the learning curve: every N steps (and before the first, after the last) the policy plays the test "
+                "tasks of eval_gyms against each of eval_simulators, as agent_rl.evaluate samples (agent_rl.curve); "
+                "written to OUTPUT_DIR/curve.jsonl (0: no curve)"})
+    eval_simulators: str = field(default="scripted:oracle,scripted:terse", metadata={
+        "help": "comma-separated simulators the curve is read against (fixed for the run)"})
+    eval_gyms: str = field(default="all", metadata={"help": "the curve's gyms (their test tasks), or 'all'"})
+    eval_tasks_per_gym: int = field(default=0, metadata={"help": "the curve's first N test tasks of each gym (0: all)"})
 
     def __post_init__(self):
         from agent_rl.gyms import resolve_gyms
@@ -86,9 +94,13 @@ class AgentRLArgs(UserSamplingArgs, LoraArgs):
                             "agent_max_new_tokens": ">= 1", "agent_temperature": "> 0", "agent_top_p": "(0, 1]",
                             "max_seq_len": ">= 64", "user_max_new_tokens": ">= 1", "user_temperature": ">= 0",
                             "user_top_p": "(0, 1]", "user_batch_size": ">= 1", "lora_r": ">= 1", "lora_alpha": "> 0",
-                            "lora_dropout": "[0, 1)", "torch_threads": ">= 0"})
+                            "lora_dropout": "[0, 1)", "torch_threads": ">= 0", "eval_every": ">= 0",
+                            "eval_tasks_per_gym": ">= 0"})
         check_model_name(self.agent_model, "agent_model")
         check_simulator_spec(self.simulator)
+        for spec in self.eval_simulators.split(","):
+            check_simulator_spec(spec)
+        resolve_gyms(self.eval_gyms)
         if self.turn_credit not in TURN_CREDITS:
             raise ConfigError(f"turn_credit must be one of {TURN_CREDITS}, got '{self.turn_credit}'")
         if self.trajectory_score not in TRAJECTORY_SCORES:
@@ -132,7 +144,8 @@ class AgentRollout:
             raise RuntimeError("AgentRollout must run under MultiTurnGRPOTrainer (it needs each prompt's task)")
         step, rank = trainer.state.global_step, trainer.accelerator.process_index
         specs = [
-            EpisodeSpec(x["gym"], get_gym(x["gym"]).get_task(x["task_id"]), step * 100_003 + i, a.max_turns or None)
+            EpisodeSpec(x["gym"], get_gym(x["gym"]).get_task(x["task_id"]), seed_for("agent_episode", step, i),
+                        a.max_turns or None)
             for i, x in enumerate(inputs)
         ]
         import time
@@ -287,6 +300,10 @@ def train(args: AgentRLArgs, grpo, callbacks: list | None = None):
     prepare_training(model, pick_device(), args.max_seq_len)
     dataset = build_dataset(args)
     rollout = AgentRollout(args, simulator, tokenizer)
+    if args.eval_every:
+        from agent_rl.curve import curve_callback
+
+        callbacks = [*(callbacks or []), curve_callback(args, tokenizer, grpo.output_dir)]
     lora = args.peft_config()
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     trainer = _trainer_class()(
@@ -318,12 +335,19 @@ def train(args: AgentRLArgs, grpo, callbacks: list | None = None):
         "gyms": args.gym_list,
         "steps": trainer.state.global_step,
         "log_history": history,
+        "curve": _curve(grpo.output_dir),  # agent_rl.curve: held-out readings (empty without eval_every)
     }
     if trainer.accelerator.is_main_process:
         Path(grpo.output_dir).mkdir(parents=True, exist_ok=True)
         dump_config({"agent_rl": args, "grpo": grpo}, Path(grpo.output_dir) / "agent_rl_config.json")
         (Path(grpo.output_dir) / "agent_rl.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary, trainer
+
+
+def _curve(output_dir: str) -> list:
+    from agent_rl.curve import CURVE_FILE, read_curve
+
+    return read_curve(Path(output_dir) / CURVE_FILE)
 
 
 @friendly_errors

@@ -8,6 +8,7 @@ import random
 from typing import Sequence
 
 from conversations import TurnRecord, extract_turns
+from conversations.seeds import seed_for
 
 TEMPLATES = (
     "Certainly! Here is a comprehensive overview of {topic}:\n\n1. **Introduction**: {topic} is an important "
@@ -39,7 +40,7 @@ def real_halves(n_per_side: int, seed: int = 0) -> tuple[list[TurnRecord], list[
     per_conv = real_turns(n_conversations=max(4 * n_per_side, 200), seed=seed)
     a = [t for turns in per_conv[0::2] for t in turns]
     b = [t for turns in per_conv[1::2] for t in turns]
-    rng = random.Random(seed + 1)
+    rng = random.Random(seed_for("control_split", seed))
     if min(len(a), len(b)) < n_per_side:
         raise ValueError(f"not enough turns for {n_per_side} per side")
     return rng.sample(a, n_per_side), rng.sample(b, n_per_side)

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from conversations import DataError, TurnRecord
 from conversations.assets import resolve_model, whole_weights
+from conversations.seeds import seed_for
 from discriminator.classical import check_labels
 from discriminator.features import render_pairs
 
@@ -249,7 +250,7 @@ class NeuralDetector:
         total = 0.0
         with torch.random.fork_rng(devices=self._rng_devices()):
             # dropout masks depend on (seed, step) only: restoring a state_dict replays training exactly
-            torch.manual_seed(self.cfg.seed * 1_000_003 + self.step)
+            torch.manual_seed(seed_for("dropout_step", self.cfg.seed, self.step))
             for start in range(0, len(feats), self.cfg.batch_size):
                 sl = slice(start, start + self.cfg.batch_size)
                 logits = self._logits(self._collate(feats[sl]))

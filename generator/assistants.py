@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Protocol, Sequence
 
 from conversations.schema import DataError
+from conversations.seeds import seed_for
 from generator.engine import Engine, SamplingSettings
 
 Messages = list[dict[str, str]]
@@ -49,7 +50,8 @@ class LocalAssistant:
         tok = self.engine.tokenizer
         prompts = [fit_chat(tok, c, self.system_prompt, self.settings.max_prompt_tokens or 10**9) for c in conversations]
         self.calls += 1
-        out = self.engine.complete_texts(prompts, self.settings, seed=self.seed + 1000 * self.calls)
+        seed = seed_for("assistant_call", self.seed, self.calls)
+        out = self.engine.complete_texts(prompts, self.settings, seed=seed)
         return [c.text.strip() for c in out]
 
 

@@ -29,6 +29,7 @@ from conversations import TurnRecord
 from conversations.cli_util import friendly_errors
 from conversations.config import ConfigError, parse_config, to_jsonable
 from conversations.schema import DataError
+from conversations.seeds import seed_for
 from generator.model import LoraArgs
 from generator.prompts import END_MARKER, PROMPT_FORMAT_VERSION
 from generator.sft_examples import (_MIN_PROMPT_TOKENS, build_sft_dataset, encode_example,  # noqa: F401 re-exported
@@ -319,7 +320,8 @@ def run_sft(
     if train_records is None:
         train_records = _draw(_load_records(args, "train"), n_train, config.seed)
     if eval_records is None:
-        eval_records = _draw(_load_records(args, "val"), args.eval_turns, config.seed + 1) if args.eval_turns else []
+        eval_records = (_draw(_load_records(args, "val"), args.eval_turns, seed_for("sft_eval_turns", config.seed))
+                        if args.eval_turns else [])
     train_records, eval_records = list(train_records), list(eval_records)
     if not train_records:
         raise DataError("no training turns (check data, split fractions and max_turn_chars)", args.data)

@@ -112,7 +112,8 @@ def test_smoke_training_updates_the_adapter(echo_gym, tmp_path):
     args, grpo = parse_config(
         (AgentRLArgs, GRPOConfig),
         ["--config", str(ROOT / "configs" / "agent_smoke.yaml"), "--gyms", echo_gym, "--output_dir",
-         str(tmp_path / "run"), "--torch_threads", "1"],
+         str(tmp_path / "run"), "--torch_threads", "1", "--eval_every", "1", "--eval_simulators", "scripted:oracle",
+         "--eval_gyms", echo_gym],
     )
     assert args.turn_credit == "r2g" and args.simulator == "scripted:oracle"
 
@@ -152,6 +153,22 @@ def test_smoke_training_updates_the_adapter(echo_gym, tmp_path):
     assert (saved / "adapter_config.json").exists() and (saved / "agent_rl.json").exists()
     agent = load_agent(str(saved), max_new_tokens=4)
     assert len(run_episodes(agent, ScriptedUser("oracle"), episode_specs([echo_gym], "test", max_turns=1))) == 1
+    # the learning curve: a reading before the first step and after each, on every test task, paired to the first
+    curve = summary["curve"]
+    specs = episode_specs([echo_gym], "test", max_turns=args.max_turns)
+    assert [r["step"] for r in curve] == [0, 1, 2]
+    for r in curve:
+        row = r["simulators"]["scripted:oracle"]
+        assert row["episodes"] == len(specs) and len(row["returns"][echo_gym]) == len(specs)
+        assert row["score"] == pytest.approx(100 * sum(row["returns"][echo_gym]) / len(specs), abs=0.01)
+        assert ("vs_start" in row) == (r["step"] > 0)
+    # step 0 reads the agent before training (LoRA B = 0: the base model), sampled as agent_rl.evaluate samples
+    from agent_rl.curve import EVAL_MAX_NEW_TOKENS
+
+    base = load_agent(f"hf:{args.agent_model}", max_new_tokens=EVAL_MAX_NEW_TOKENS, max_seq_len=args.max_seq_len,
+                      batch_size=len(specs))
+    before = [e.total for e in run_episodes(base, ScriptedUser("oracle"), specs)]
+    assert curve[0]["simulators"]["scripted:oracle"]["returns"][echo_gym] == pytest.approx(before)
 
 
 def test_oracle_examples_are_the_oracle_turns_in_the_agents_own_chat():

@@ -86,6 +86,24 @@ def test_one_seed_formula():
     assert not spelled, spelled
 
 
+def test_every_fixed_seed_stream_is_named_in_one_block():
+    """The older fixed streams (seed + 2, seed * 7919 + k, ...) keep their values (the pinned figures were recorded
+    with them) and are written once, by name, in conversations.seeds: no module does arithmetic on a seed itself."""
+    import re
+
+    from conversations.seeds import seed_for
+
+    assert seed_for("fit_samples", 7) == 9 and seed_for("val_split", 7) == 12 and seed_for("gym_split", 0) == 1
+    assert seed_for("meter_seed", 1234, 2) == 3234 and seed_for("assistant_call", 3, 4) == 4003
+    assert seed_for("round_pass", 2, 5) == 2 * 1_000_003 + 5 and seed_for("plateau_samples", 3, 1) == 3 * 7919 + 1
+    assert seed_for("agent_episode", 4, 6) == 4 * 100_003 + 6 and seed_for("dropout_step", 1, 9) == 1_000_012
+    arithmetic = re.compile(r"(?i)\b(\w*_)?seed\s*[-+*]\s*\d|\b(step|calls)\s*\*\s*\d")
+    spelled = [f"{p.relative_to(ROOT)}:{n}" for pkg in LAYERS for p in (ROOT / pkg).rglob("*.py") if p.name != "seeds.py"
+               for n, line in enumerate(p.read_text().splitlines(), 1)
+               if arithmetic.search(line.split("#")[0]) and "seed_for" not in line]
+    assert not spelled, f"name the stream in conversations.seeds.STREAMS and call seed_for: {spelled}"
+
+
 def test_one_way_into_the_engine_for_a_policy_being_trained():
     """`generator.engine.policy_model` / `policy_engine` are how a model or trainer gets ready for the engine: no
     module outside the engine package makes the inference copy itself."""

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from conversations.schema import DataError, TurnRecord
+from conversations.seeds import seed_for
 
 
 @dataclass
@@ -242,7 +243,8 @@ class RoundsObjective(Objective):
         settings = heldout_settings(cfg, temperature)
         many = [c for c in contexts for _ in range(n_samples)]
         with policy_engine(ph.model, ph.tokenizer, precision=cfg.dtype, batch_size=cfg.sim_batch_size) as engine:
-            turns = user_turns(engine, [c.context for c in many], settings, seed=ph.args.seed * 7919 + k)
+            turns = user_turns(engine, [c.context for c in many], settings,
+                               seed=seed_for("plateau_samples", ph.args.seed, k))
         release_memory()
         samples = [turns[i * n_samples:(i + 1) * n_samples] for i in range(len(contexts))]
         from adversary.discriminator import with_end

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conversations import DataError
+from conversations.seeds import seed_for
 
 from agent_rl.protocol import PROTOCOL_PROMPT
 
@@ -121,7 +122,7 @@ class Gym(ABC):
             built = self.build_tasks(random.Random(self.seed))
             # split by a seeded shuffle of the indices: the same tasks are test tasks on every machine and run
             order = list(range(len(built)))
-            random.Random(self.seed + 1).shuffle(order)
+            random.Random(seed_for("gym_split", self.seed)).shuffle(order)
             n_test = max(1, round(len(built) * self.test_fraction))
             test = set(order[:n_test])
             self._tasks = [

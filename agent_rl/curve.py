@@ -1,0 +1,109 @@
+"""The learning curve of an agent being trained: held-out tasks against fixed simulators, every N GRPO steps.
+
+Each reading plays every test task of the evaluation gyms (one episode a task, the same seeds at every reading, so the
+readings differ only by the policy) with the policy as it is at that step, sampled as `agent_rl.evaluate` samples a
+deployed agent (temperature 0.7, top-p 0.95, 64 new tokens), on the engine's path (`policy_engine`: a merged copy,
+the training weights untouched). A reading records, per simulator, the overall score with its 95% CI, the per-gym
+scores, the share of tagged agent turns, and the paired difference to the first reading (step 0: the agent before
+GRPO) with its CI. Readings are appended to OUTPUT_DIR/curve.jsonl as they are made; a resumed run skips the steps
+already there.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from agent_rl import stats
+from agent_rl.agents import EVAL_TEMPERATURE, EVAL_TOP_P
+
+log = logging.getLogger("agent_rl.curve")
+CURVE_FILE = "curve.jsonl"
+EVAL_MAX_NEW_TOKENS = 64  # agent_rl.evaluate's default: the curve reads what the evaluation of a deployed agent reads
+
+
+def read_curve(path: str | Path) -> list[dict[str, Any]]:
+    p = Path(path)
+    if not p.exists():
+        return []
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+
+def reading(results_by_sim: dict[str, list], gyms: list[str], start: dict[str, Any] | None, seed: int = 0):
+    """One reading from each simulator's episode results (`EpisodeResult`s in spec order). `start`: the first
+    reading, for the paired difference (same tasks, same order)."""
+    out = {}
+    for sim, results in results_by_sim.items():
+        per_gym = {g: [r.total for r in results if r.gym == g] for g in gyms}
+        score, lo, hi = stats.overall_ci(per_gym, seed)
+        turns = sum(r.turns for r in results)
+        row = {
+            "score": round(score, 2), "ci": [round(lo, 2), round(hi, 2)], "episodes": len(results),
+            "by_gym": {g: round(stats.mean_ci(v, seed)[0], 2) for g, v in per_gym.items()},
+            "format_ok": round(1.0 - sum(r.format_errors for r in results) / max(1, turns), 4),
+            "returns": per_gym,
+        }
+        if start is not None and sim in start:
+            pairs = {g: (start[sim]["returns"][g], per_gym[g]) for g in gyms}
+            d, dlo, dhi = stats.paired_delta_ci(pairs, seed)
+            row["vs_start"] = [round(d, 2), round(dlo, 2), round(dhi, 2)]
+        out[sim] = row
+    return out
+
+
+def curve_callback(args, tokenizer, output_dir: str):
+    """A `TrainerCallback` that makes a reading before the first step, every `args.eval_every` steps and after the
+    last; `args` is `AgentRLArgs` (eval_every, eval_simulators, eval_gyms, eval_tasks_per_gym, dtype, ...)."""
+    from transformers import TrainerCallback
+
+    from agent_rl.agents import PolicyAgent
+    from agent_rl.gyms import resolve_gyms
+    from agent_rl.rollout import episode_specs, run_episodes
+    from agent_rl.users import load_simulator, user_settings
+    from generator.engine import policy_engine
+
+    gyms = resolve_gyms(args.eval_gyms)
+    sims = {s: load_simulator(s, user_settings(args), batch_size=args.user_batch_size, seed=0)
+            for s in args.eval_simulators.split(",")}
+    specs = episode_specs(gyms, "test", args.eval_tasks_per_gym or None, (0,), args.max_turns or None)
+    path = Path(output_dir) / CURVE_FILE
+
+    class HeldOutCurve(TrainerCallback):
+        def __init__(self):
+            self.readings = read_curve(path)
+
+        def _read(self, state, model):
+            step = state.global_step
+            if not state.is_world_process_zero or any(r["step"] == step for r in self.readings):
+                return
+            t0 = time.perf_counter()
+            results = {}
+            with policy_engine(model, tokenizer, precision=args.dtype, batch_size=len(specs),
+                               merge_lora=True) as engine:
+                for name, sim in sims.items():
+                    agent = PolicyAgent(engine.model, tokenizer, engine=engine, max_new_tokens=EVAL_MAX_NEW_TOKENS,
+                                        temperature=EVAL_TEMPERATURE, top_p=EVAL_TOP_P, max_seq_len=args.max_seq_len,
+                                        seed=0)
+                    results[name] = run_episodes(agent, sim, specs)
+            start = self.readings[0]["simulators"] if self.readings else None
+            rec = {"step": step, "simulators": reading(results, gyms, start),
+                   "seconds": round(time.perf_counter() - t0, 1)}
+            self.readings.append(rec)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+            for name, row in rec["simulators"].items():
+                log.info("curve step %d vs %s: %.1f [%.1f, %.1f], format %.2f, vs start %s (%.0f s)", step, name,
+                         row["score"], *row["ci"], row["format_ok"], row.get("vs_start"), rec["seconds"])
+
+        def on_train_begin(self, targs, state, control, model=None, **kw):
+            self._read(state, model)
+
+        def on_step_end(self, targs, state, control, model=None, **kw):
+            if state.global_step % args.eval_every == 0 or state.global_step >= state.max_steps:
+                self._read(state, model)
+
+    return HeldOutCurve()
