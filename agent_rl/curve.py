@@ -107,3 +107,68 @@ def curve_callback(args, tokenizer, output_dir: str):
                 self._read(state, model)
 
     return HeldOutCurve()
+
+
+def curve_table(runs: dict[str, list[dict[str, Any]]]) -> str:
+    """A markdown table: one row per (run, step, simulator) with the score, its CI, the difference to step 0 and the
+    share of tagged agent turns."""
+    lines = ["| run | step | simulator | score [95% CI] | vs step 0 [paired 95% CI] | tagged turns |",
+             "|---|---|---|---|---|---|"]
+    for name, readings in runs.items():
+        for r in readings:
+            for sim, row in r["simulators"].items():
+                d = row.get("vs_start")
+                vs = f"{d[0]:+.1f} [{d[1]:+.1f}, {d[2]:+.1f}]" if d else ""
+                lines.append(f"| {name} | {r['step']} | {sim} | {row['score']:.1f} [{row['ci'][0]:.1f}, "
+                             f"{row['ci'][1]:.1f}] | {vs} | {row['format_ok']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_curves(runs: dict[str, list[dict[str, Any]]], path: str | Path) -> Path:
+    """Score (with its CI band) and tagged-turn share against the GRPO step, one line per (run, simulator)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, readings in runs.items():
+        sims = list(readings[0]["simulators"]) if readings else []
+        for sim in sims:
+            steps = [r["step"] for r in readings]
+            rows = [r["simulators"][sim] for r in readings]
+            line, = ax.plot(steps, [x["score"] for x in rows], marker="o", label=f"{name} vs {sim}")
+            ax.fill_between(steps, [x["ci"][0] for x in rows], [x["ci"][1] for x in rows], alpha=0.15,
+                            color=line.get_color())
+            bx.plot(steps, [x["format_ok"] for x in rows], marker="o", color=line.get_color())
+    ax.set(xlabel="GRPO step", ylabel="score on the test tasks (x100)", title="held-out return")
+    bx.set(xlabel="GRPO step", ylabel="share of tagged agent turns", title="format", ylim=(0, 1.05))
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m agent_rl.curve NAME=RUN_DIR ... --out FILE.png: the runs' curves as a figure, the table printed."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m agent_rl.curve", description=main.__doc__)
+    p.add_argument("runs", nargs="+", help="NAME=RUN_DIR (a run of agent_rl/train.py with --eval_every)")
+    p.add_argument("--out", required=True, help="the figure (.png)")
+    a = p.parse_args(argv)
+    runs = {}
+    for spec in a.runs:
+        name, sep, d = spec.partition("=")
+        readings = read_curve(Path(d if sep else name) / CURVE_FILE)
+        if not readings:
+            p.error(f"{Path(d if sep else name) / CURVE_FILE}: no readings (was the run given --eval_every?)")
+        runs[name] = readings
+    plot_curves(runs, a.out)
+    print(curve_table(runs))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

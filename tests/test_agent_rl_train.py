@@ -103,7 +103,7 @@ def test_configs_parse():
         parse_config((AgentRLArgs, GRPOConfig), ["--turn_credit", "bogus", "--bf16", "false"])
 
 
-def test_smoke_training_updates_the_adapter(echo_gym, tmp_path):
+def test_smoke_training_updates_the_adapter(echo_gym, tmp_path, capsys):
     from transformers import TrainerCallback
     from trl import GRPOConfig
 
@@ -169,6 +169,13 @@ def test_smoke_training_updates_the_adapter(echo_gym, tmp_path):
                       batch_size=len(specs))
     before = [e.total for e in run_episodes(base, ScriptedUser("oracle"), specs)]
     assert curve[0]["simulators"]["scripted:oracle"]["returns"][echo_gym] == pytest.approx(before)
+    # the CLI draws the run's curve and prints one table row per reading
+    from agent_rl.curve import main as curve_main
+
+    assert curve_main([f"smoke={grpo.output_dir}", "--out", str(tmp_path / "curve.png")]) == 0
+    assert (tmp_path / "curve.png").stat().st_size > 0
+    table = capsys.readouterr().out
+    assert table.count("| smoke |") == 3 and f"| smoke | 0 | scripted:oracle | {curve[0]['simulators']['scripted:oracle']['score']:.1f} [" in table
 
 
 def test_oracle_examples_are_the_oracle_turns_in_the_agents_own_chat():
