@@ -175,7 +175,8 @@ def test_smoke_training_updates_the_adapter(echo_gym, tmp_path, capsys):
     assert curve_main([f"smoke={grpo.output_dir}", "--out", str(tmp_path / "curve.png")]) == 0
     assert (tmp_path / "curve.png").stat().st_size > 0
     table = capsys.readouterr().out
-    assert table.count("| smoke |") == 3 and f"| smoke | 0 | scripted:oracle | {curve[0]['simulators']['scripted:oracle']['score']:.1f} [" in table
+    first = curve[0]["simulators"]["scripted:oracle"]["score"]
+    assert table.count("| smoke |") == 3 and f"| smoke | 0 | scripted:oracle | {first:.1f} [" in table
 
 
 def test_oracle_examples_are_the_oracle_turns_in_the_agents_own_chat():
