@@ -1,7 +1,7 @@
 """The learning curve of an agent being trained: held-out tasks against fixed simulators, every N GRPO steps.
 
-Each reading plays every test task of the evaluation gyms (one episode a task, the same seeds at every reading, so the
-readings differ only by the policy) with the policy as it is at that step, sampled as `agent_rl.evaluate` samples a
+Each reading plays every test task of the evaluation gyms (`eval_repeats` episodes a task, the same seeds at every
+reading, so the readings differ only by the policy) with the policy as it is at that step, sampled as `agent_rl.evaluate` samples a
 deployed agent (temperature 0.7, top-p 0.95, 64 new tokens), on the engine's path (`policy_engine`: a merged copy,
 the training weights untouched). A reading records, per simulator, the overall score with its 95% CI, the per-gym
 scores, the share of tagged agent turns, and the paired difference to the first reading (step 0: the agent before
@@ -33,15 +33,21 @@ def read_curve(path: str | Path) -> list[dict[str, Any]]:
 
 
 def reading(results_by_sim: dict[str, list], gyms: list[str], start: dict[str, Any] | None, seed: int = 0):
-    """One reading from each simulator's episode results (`EpisodeResult`s in spec order). `start`: the first
-    reading, for the paired difference (same tasks, same order)."""
+    """One reading from each simulator's episode results (`EpisodeResult`s in spec order). `returns` holds one value
+    per task (the mean of its repeats); `start`: the first reading, for the paired difference (same tasks, same
+    order)."""
     out = {}
     for sim, results in results_by_sim.items():
-        per_gym = {g: [r.total for r in results if r.gym == g] for g in gyms}
+        per_task: dict[str, dict[str, list[float]]] = {g: {} for g in gyms}
+        for r in results:
+            per_task[r.gym].setdefault(r.task_id, []).append(r.total)
+        # one value per task (the mean of its repeats), in task order: the CIs and the pairing are over tasks
+        per_gym = {g: [sum(v) / len(v) for v in per_task[g].values()] for g in gyms}
         score, lo, hi = stats.overall_ci(per_gym, seed)
         turns = sum(r.turns for r in results)
         row = {
             "score": round(score, 2), "ci": [round(lo, 2), round(hi, 2)], "episodes": len(results),
+            "tasks": sum(len(v) for v in per_gym.values()),
             "by_gym": {g: round(stats.mean_ci(v, seed)[0], 2) for g, v in per_gym.items()},
             "format_ok": round(1.0 - sum(r.format_errors for r in results) / max(1, turns), 4),
             "returns": per_gym,
@@ -68,7 +74,8 @@ def curve_callback(args, tokenizer, output_dir: str):
     gyms = resolve_gyms(args.eval_gyms)
     sims = {s: load_simulator(s, user_settings(args), batch_size=args.user_batch_size, seed=0)
             for s in args.eval_simulators.split(",")}
-    specs = episode_specs(gyms, "test", args.eval_tasks_per_gym or None, (0,), args.max_turns or None)
+    specs = episode_specs(gyms, "test", args.eval_tasks_per_gym or None, range(args.eval_repeats),
+                          args.max_turns or None)
     path = Path(output_dir) / CURVE_FILE
 
     class HeldOutCurve(TrainerCallback):

@@ -80,6 +80,8 @@ class AgentRLArgs(UserSamplingArgs, LoraArgs):
         "help": "comma-separated simulators the curve is read against (fixed for the run)"})
     eval_gyms: str = field(default="all", metadata={"help": "the curve's gyms (their test tasks), or 'all'"})
     eval_tasks_per_gym: int = field(default=0, metadata={"help": "the curve's first N test tasks of each gym (0: all)"})
+    eval_repeats: int = field(default=1, metadata={
+        "help": "the curve's episodes per task (seeds 0..N-1): more power per reading at N times its cost"})
 
     def __post_init__(self):
         from agent_rl.gyms import resolve_gyms
@@ -95,7 +97,7 @@ class AgentRLArgs(UserSamplingArgs, LoraArgs):
                             "max_seq_len": ">= 64", "user_max_new_tokens": ">= 1", "user_temperature": ">= 0",
                             "user_top_p": "(0, 1]", "user_batch_size": ">= 1", "lora_r": ">= 1", "lora_alpha": "> 0",
                             "lora_dropout": "[0, 1)", "torch_threads": ">= 0", "eval_every": ">= 0",
-                            "eval_tasks_per_gym": ">= 0"})
+                            "eval_tasks_per_gym": ">= 0", "eval_repeats": ">= 1"})
         check_model_name(self.agent_model, "agent_model")
         check_simulator_spec(self.simulator)
         for spec in self.eval_simulators.split(","):

@@ -159,7 +159,7 @@ def test_smoke_training_updates_the_adapter(echo_gym, tmp_path, capsys):
     assert [r["step"] for r in curve] == [0, 1, 2]
     for r in curve:
         row = r["simulators"]["scripted:oracle"]
-        assert row["episodes"] == len(specs) and len(row["returns"][echo_gym]) == len(specs)
+        assert row["episodes"] == row["tasks"] == len(specs) and len(row["returns"][echo_gym]) == len(specs)
         assert row["score"] == pytest.approx(100 * sum(row["returns"][echo_gym]) / len(specs), abs=0.01)
         assert ("vs_start" in row) == (r["step"] > 0)
     # step 0 reads the agent before training (LoRA B = 0: the base model), sampled as agent_rl.evaluate samples
@@ -251,3 +251,24 @@ def test_an_adapter_trained_on_an_adapter_loads_both(tiny_lm_path, tmp_path):
     before = (tmp_path / "sft" / "adapter_config.json").read_text()
     record_adapter_base(tmp_path / "sft", tiny_lm_path)
     assert (tmp_path / "sft" / "adapter_config.json").read_text() == before
+
+
+def test_curve_reading_pairs_tasks_and_averages_repeats():
+    """A reading's figures, exactly: repeats of a task are averaged before the CI and the pairing (tasks, not
+    episodes, are the unit), the score is the mean over gyms, and the difference to the first reading is paired."""
+    from agent_rl.curve import reading
+    from agent_rl.gyms import EpisodeResult
+
+    def ep(gym, task, seed, r, errors=0):
+        return EpisodeResult(gym, task, "test", seed, [r], 2, True, False, 1.0, format_errors=errors)
+
+    start = reading({"u": [ep("a", "t1", 0, 0.0), ep("a", "t2", 0, 1.0), ep("b", "t3", 0, 0.5)]}, ["a", "b"], None)
+    row = start["u"]
+    assert row["returns"] == {"a": [0.0, 1.0], "b": [0.5]} and row["score"] == 50.0 and row["tasks"] == 3
+    assert "vs_start" not in row and row["format_ok"] == 1.0
+    later = reading({"u": [ep("a", "t1", 0, 1.0), ep("a", "t2", 0, 1.0), ep("b", "t3", 0, 0.5),
+                           ep("a", "t1", 1, 0.0), ep("a", "t2", 1, 1.0), ep("b", "t3", 1, 1.5, errors=1)]},
+                    ["a", "b"], start)["u"]
+    assert later["returns"] == {"a": [0.5, 1.0], "b": [1.0]} and later["episodes"] == 6 and later["tasks"] == 3
+    assert later["score"] == 87.5  # (0.75 + 1.0) / 2 x 100
+    assert later["vs_start"][0] == 37.5 and later["format_ok"] == round(1 - 1 / 12, 4)
