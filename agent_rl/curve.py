@@ -1,11 +1,11 @@
 """The learning curve of an agent being trained: held-out tasks against fixed simulators, every N GRPO steps.
 
 Each reading plays every test task of the evaluation gyms (`eval_repeats` episodes a task, the same seeds at every
-reading, so the readings differ only by the policy) with the policy as it is at that step, sampled as `agent_rl.evaluate` samples a
-deployed agent (temperature 0.7, top-p 0.95, 64 new tokens), on the engine's path (`policy_engine`: a merged copy,
-the training weights untouched). A reading records, per simulator, the overall score with its 95% CI, the per-gym
-scores, the share of tagged agent turns, and the paired difference to the first reading (step 0: the agent before
-GRPO) with its CI. Readings are appended to OUTPUT_DIR/curve.jsonl as they are made; a resumed run skips the steps
+reading, so the readings differ only by the policy) with the policy as it is at that step, sampled as
+`agent_rl.evaluate` samples a deployed agent (temperature 0.7, top-p 0.95, 64 new tokens), on the engine's path
+(`policy_engine`: a merged copy, the training weights untouched). A reading records, per simulator, the overall
+score with its 95% CI, the per-gym scores, the share of tagged agent turns, and the paired difference to the first
+reading (step 0: the agent before GRPO) with its CI. Readings are appended to OUTPUT_DIR/curve.jsonl as they are made; a resumed run skips the steps
 already there.
 """
 
@@ -48,7 +48,7 @@ def reading(results_by_sim: dict[str, list], gyms: list[str], start: dict[str, A
         row = {
             "score": round(score, 2), "ci": [round(lo, 2), round(hi, 2)], "episodes": len(results),
             "tasks": sum(len(v) for v in per_gym.values()),
-            "by_gym": {g: round(stats.mean_ci(v, seed)[0], 2) for g, v in per_gym.items()},
+            "by_gym": {g: round(stats.SCALE * sum(v) / len(v), 2) for g, v in per_gym.items() if v},
             "format_ok": round(1.0 - sum(r.format_errors for r in results) / max(1, turns), 4),
             "returns": per_gym,
         }
@@ -66,12 +66,11 @@ def curve_callback(args, tokenizer, output_dir: str):
     from transformers import TrainerCallback
 
     from agent_rl.agents import PolicyAgent
-    from agent_rl.gyms import resolve_gyms
     from agent_rl.rollout import episode_specs, run_episodes
     from agent_rl.users import load_simulator, user_settings
     from generator.engine import policy_engine
 
-    gyms = resolve_gyms(args.eval_gyms)
+    gyms = args.eval_gym_list
     sims = {s: load_simulator(s, user_settings(args), batch_size=args.user_batch_size, seed=0)
             for s in args.eval_simulators.split(",")}
     specs = episode_specs(gyms, "test", args.eval_tasks_per_gym or None, range(args.eval_repeats),
@@ -168,10 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     runs = {}
     for spec in a.runs:
         name, sep, d = spec.partition("=")
-        readings = read_curve(Path(d if sep else name) / CURVE_FILE)
-        if not readings:
-            p.error(f"{Path(d if sep else name) / CURVE_FILE}: no readings (was the run given --eval_every?)")
-        runs[name] = readings
+        path = Path(d if sep else name) / CURVE_FILE
+        runs[name] = read_curve(path)
+        if not runs[name]:
+            p.error(f"{path}: no readings (was the run given --eval_every?)")
     plot_curves(runs, a.out)
     print(curve_table(runs))
     return 0

@@ -102,7 +102,7 @@ class AgentRLArgs(UserSamplingArgs, LoraArgs):
         check_simulator_spec(self.simulator)
         for spec in self.eval_simulators.split(","):
             check_simulator_spec(spec)
-        resolve_gyms(self.eval_gyms)
+        self.eval_gym_list = resolve_gyms(self.eval_gyms)
         if self.turn_credit not in TURN_CREDITS:
             raise ConfigError(f"turn_credit must be one of {TURN_CREDITS}, got '{self.turn_credit}'")
         if self.trajectory_score not in TRAJECTORY_SCORES:
@@ -302,10 +302,12 @@ def train(args: AgentRLArgs, grpo, callbacks: list | None = None):
     prepare_training(model, pick_device(), args.max_seq_len)
     dataset = build_dataset(args)
     rollout = AgentRollout(args, simulator, tokenizer)
+    curve = None
     if args.eval_every:
         from agent_rl.curve import curve_callback
 
-        callbacks = [*(callbacks or []), curve_callback(args, tokenizer, grpo.output_dir)]
+        curve = curve_callback(args, tokenizer, grpo.output_dir)
+        callbacks = [*(callbacks or []), curve]
     lora = args.peft_config()
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     trainer = _trainer_class()(
@@ -337,19 +339,13 @@ def train(args: AgentRLArgs, grpo, callbacks: list | None = None):
         "gyms": args.gym_list,
         "steps": trainer.state.global_step,
         "log_history": history,
-        "curve": _curve(grpo.output_dir),  # agent_rl.curve: held-out readings (empty without eval_every)
+        "curve": curve.readings if curve else [],  # agent_rl.curve: held-out readings (a resumed run's included)
     }
     if trainer.accelerator.is_main_process:
         Path(grpo.output_dir).mkdir(parents=True, exist_ok=True)
         dump_config({"agent_rl": args, "grpo": grpo}, Path(grpo.output_dir) / "agent_rl_config.json")
         (Path(grpo.output_dir) / "agent_rl.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary, trainer
-
-
-def _curve(output_dir: str) -> list:
-    from agent_rl.curve import CURVE_FILE, read_curve
-
-    return read_curve(Path(output_dir) / CURVE_FILE)
 
 
 @friendly_errors

@@ -98,8 +98,8 @@ def test_every_fixed_seed_stream_is_named_in_one_block():
     assert seed_for("round_pass", 2, 5) == 2 * 1_000_003 + 5 and seed_for("plateau_samples", 3, 1) == 3 * 7919 + 1
     assert seed_for("agent_episode", 4, 6) == 4 * 100_003 + 6 and seed_for("dropout_step", 1, 9) == 1_000_012
     arithmetic = re.compile(r"(?i)\b(\w*_)?seed\s*[-+*]\s*\d|\b(step|calls)\s*\*\s*\d")
-    spelled = [f"{p.relative_to(ROOT)}:{n}" for pkg in LAYERS for p in (ROOT / pkg).rglob("*.py") if p.name != "seeds.py"
-               for n, line in enumerate(p.read_text().splitlines(), 1)
+    spelled = [f"{p.relative_to(ROOT)}:{n}" for pkg in LAYERS for p in (ROOT / pkg).rglob("*.py")
+               if p.name != "seeds.py" for n, line in enumerate(p.read_text().splitlines(), 1)
                if arithmetic.search(line.split("#")[0]) and "seed_for" not in line]
     assert not spelled, f"name the stream in conversations.seeds.STREAMS and call seed_for: {spelled}"
 
