@@ -353,7 +353,7 @@ class AdversaryConfig(ExportArgs, GateArgs, MeterArgs, ObjectiveArgs, Discrimina
         return cls(**{f.name: getattr(self, f.name) for f in dataclasses.fields(cls)})
 
 
-def resolved(cfg) -> dict:
+def resolved(cfg: AdversaryConfig) -> dict:
     """The resolved config grouped by part ({"model": {...}, "data": {...}, ...}: what every run, checkpoint and
     export saves); a config that is not an AdversaryConfig is saved flat."""
     import dataclasses

@@ -15,14 +15,19 @@ and ending is scored against where the real users stopped:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from conversations.seeds import seed_for
 
+if TYPE_CHECKING:
+    from adversary.config import AdversaryConfig, MeterArgs, SamplingArgs
+
 SEED_USER_TURNS = 1  # the real opening turn every continuation starts from
 
 
-def heldout_conversations(cfg, seed: int) -> list:
+def heldout_conversations(cfg: AdversaryConfig, seed: int) -> list:
     """`conv_contexts` real conversations of the test split that open with a user turn and have another after it,
     drawn with `seed` (the same split as the turn-level contexts: split by conversation id with the loaders'
     fractions)."""
@@ -43,7 +48,7 @@ def heldout_conversations(cfg, seed: int) -> list:
     return [convs[i] for i in sorted(rng.sample(range(len(convs)), n))]
 
 
-def end_calibration(cfg, train: list, seed: int) -> tuple[list, float | None]:
+def end_calibration(cfg: AdversaryConfig, train: list, seed: int) -> tuple[list, float | None]:
     """(contexts, target rate) of the calibrated end decision (`end_decision: calibrated`): `end_calibration_contexts`
     train records with an assistant reply before them (the simulator writes a turn after an opening, as in the window),
     and the real users' end rate per turn inside the window, read on the train split's conversations."""
@@ -62,7 +67,7 @@ def end_calibration(cfg, train: list, seed: int) -> tuple[list, float | None]:
     return picked, window_end_rate(convs, SEED_USER_TURNS, cfg.conv_max_turns)
 
 
-def calibrated_end_bias(model, tokenizer, records: list, cfg, settings, target: float, seed: int,
+def calibrated_end_bias(model, tokenizer, records: list, cfg: SamplingArgs, settings, target: float, seed: int,
                         precision: str | None = None) -> float:
     """The logit offset at which the simulator (as it is now) ends `target` of its turns on `records`' contexts: its
     own turns sampled at `settings` (the marker as sampled: the decision is what is being solved), their p_end read,
@@ -81,7 +86,8 @@ def calibrated_end_bias(model, tokenizer, records: list, cfg, settings, target: 
     return solve_end_bias(end_probabilities(engine, prompts, [t.text for t in turns]), target)
 
 
-def simulate_heldout_conversations(model, tokenizer, convs: list, cfg, settings, seed: int, precision: str | None = None):
+def simulate_heldout_conversations(model, tokenizer, convs: list, cfg: AdversaryConfig, settings, seed: int,
+                                   precision: str | None = None):
     """The simulator's continuations of `convs` at `settings` (the meter's) as
     `generator.dialogue.SimulatedConversation`s, ids the real ones'."""
     from generator.assistants import ReplayAssistant
@@ -95,7 +101,7 @@ def simulate_heldout_conversations(model, tokenizer, convs: list, cfg, settings,
                                   ids=[str(c.id) for c in convs], max_turns=cfg.conv_max_turns, seed=seed)
 
 
-def measure_conversations(real: list, simulated: list, cfg, seed: int = 0) -> dict:
+def measure_conversations(real: list, simulated: list, cfg: MeterArgs, seed: int = 0) -> dict:
     """The `conv/*` entries of a curve row (see the module docstring)."""
     from conversations.turns import cut_conversations
     from discriminator.conversation import conversation_items

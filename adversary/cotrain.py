@@ -12,12 +12,16 @@ from __future__ import annotations
 import random
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 from transformers import TrainerCallback
 
 from adversary.crashpoints import crash_point
 from conversations.schema import TurnRecord
+
+if TYPE_CHECKING:
+    from adversary.config import AdversaryConfig, DiscriminatorArgs
 
 
 @dataclass
@@ -95,7 +99,7 @@ def broadcast_module(module) -> None:
         dist.broadcast(t.data, src=0)
 
 
-def cotrain_round(cfg, state, fresh: list, step: int, *, is_main: bool = True) -> dict:
+def cotrain_round(cfg: DiscriminatorArgs, state, fresh: list, step: int, *, is_main: bool = True) -> dict:
     """One co-training round on the (context, simulated, real, id) triples `fresh` (the same on every rank): the
     discriminator's accuracy on them before it learns from them, then `d_steps` balanced updates (none while that
     accuracy is above the ceiling, twice as many while it is below the floor; neural updates on the main process,
@@ -152,7 +156,7 @@ class CoTrainCallback(TrainerCallback):
     """GRPO's co-training: every `d_every` generator steps, the new triples of every rank are gathered (so the
     replay buffer is identical everywhere) and `cotrain_round` runs."""
 
-    def __init__(self, cfg, state, accelerator=None):
+    def __init__(self, cfg: AdversaryConfig, state, accelerator=None):
         self.cfg, self.state = cfg, state
         self.accelerator = accelerator  # set once the trainer exists
         self.last: dict = {}

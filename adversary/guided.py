@@ -24,6 +24,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -33,6 +34,9 @@ if __package__ in (None, ""):
 from conversations.cli_util import friendly_errors
 from conversations.config import ConfigError
 from conversations.seeds import seed_for
+
+if TYPE_CHECKING:
+    from adversary.config import AdversaryConfig
 
 
 @dataclass
@@ -96,7 +100,7 @@ def candidate_window(i: int, n_seeds: int, k: int, k_max: int) -> range:
     return range(start, start + k)
 
 
-def _load_or_fit_discriminator(cfg, args, guided, data, engine, settings, out: Path):
+def _load_or_fit_discriminator(cfg: AdversaryConfig, args, guided, data, engine, settings, out: Path):
     from adversary.guidance import fit_guide
     from adversary.stages import make_discriminator
     from discriminator.calibration import PlattScaler

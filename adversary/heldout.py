@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import TYPE_CHECKING
 
 from adversary.conversation_meter import (calibrated_end_bias, conversation_line, measure_conversations,
                                          simulate_heldout_conversations)
@@ -20,10 +21,13 @@ from generator.diagnostics import realism_diagnostics
 from generator.engine import Engine, SamplingSettings
 from generator.sample import simulate_records
 
+if TYPE_CHECKING:
+    from adversary.config import AdversaryConfig, MeterArgs
+
 HELDOUT_SEED = 1234  # the meter's sampling seed: the same at every evaluation of a run
 
 
-def heldout_settings(cfg, temperature: float | None = None) -> SamplingSettings:
+def heldout_settings(cfg: AdversaryConfig, temperature: float | None = None) -> SamplingSettings:
     """The sampling settings of held-out simulation (and of the export): the meter's token budget, the simulator's
     prompt budget and the config's sampling temperature / top-p."""
     return SamplingSettings(max_new_tokens=cfg.heldout_max_new_tokens, max_prompt_tokens=cfg.max_context_tokens,
@@ -31,8 +35,9 @@ def heldout_settings(cfg, temperature: float | None = None) -> SamplingSettings:
                             top_p=cfg.sim_top_p)
 
 
-def simulate_heldout(model, tokenizer, records: list[TurnRecord], cfg, accelerator=None, seed: int = HELDOUT_SEED,
-                     precision: str | None = None, settings: SamplingSettings | None = None) -> list[TurnRecord]:
+def simulate_heldout(model, tokenizer, records: list[TurnRecord], cfg: AdversaryConfig, accelerator=None,
+                     seed: int = HELDOUT_SEED, precision: str | None = None,
+                     settings: SamplingSettings | None = None) -> list[TurnRecord]:
     """Simulate one turn per held-out context (sharded over ranks when `accelerator` has several processes)."""
     n_proc = accelerator.num_processes if accelerator is not None else 1
     rank = accelerator.process_index if accelerator is not None else 0
@@ -73,7 +78,7 @@ def mean_rows(rows: list[dict]) -> dict:
     return out
 
 
-def measure_heldout(real: list[TurnRecord], sims: list[TurnRecord], cfg, seed: int = 0) -> dict:
+def measure_heldout(real: list[TurnRecord], sims: list[TurnRecord], cfg: MeterArgs, seed: int = 0) -> dict:
     """One row of the td curve: panel td with CI, each detector's td, AUC, paired accuracy, diagnostics. The
     simulated turns come from `simulate_records` (end marker already stripped, `meta["ended"]` set there)."""
     t0 = time.perf_counter()
@@ -106,7 +111,7 @@ class HeldoutMeter:
     discriminator's own accuracy on the same real and simulated turns (`disc/heldout_acc`: how far ahead of the
     generator it is), updates the gate and rewrites the curve files; the row and the gate's decision are broadcast."""
 
-    def __init__(self, cfg, data, tokenizer, state, out_dir):
+    def __init__(self, cfg: AdversaryConfig, data, tokenizer, state, out_dir):
         self.cfg, self.data, self.tok, self.state = cfg, data, tokenizer, state
         self.out = out_dir
 

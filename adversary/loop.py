@@ -7,6 +7,7 @@ import json
 import logging
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import TrainerCallback
@@ -14,6 +15,9 @@ from transformers import TrainerCallback
 from adversary.cotrain import CoTrainCallback, FaultCounter
 from adversary.reward import build_rewards
 from adversary.trainer_parts import TimeBudget
+
+if TYPE_CHECKING:
+    from adversary.config import AdversaryConfig, DataArgs
 
 log = logging.getLogger("adversary")
 
@@ -145,7 +149,7 @@ class RunStateCallback(TrainerCallback):
         return control
 
 
-def grpo_dataset(cfg, tokenizer, records):
+def grpo_dataset(cfg: DataArgs, tokenizer, records):
     """Prompts for GRPO: the role-flipped simulator prompt (rendered, left-truncated to the token budget) and, as
     extra columns the reward functions receive, the context, the real turn of that context and the record id.
     `records`: the run's GRPO contexts (drawn in `prepare_data`)."""
@@ -164,7 +168,8 @@ def grpo_dataset(cfg, tokenizer, records):
     ])
 
 
-def grpo_trainer(cfg, args, model, tokenizer, train_dataset, reward_funcs, callbacks=None, *, prepare: bool = True):
+def grpo_trainer(cfg: AdversaryConfig, args, model, tokenizer, train_dataset, reward_funcs, callbacks=None, *,
+                 prepare: bool = True):
     """TRL's GRPOTrainer as this project runs it: the model prepared for training on its device
     (`generator.model.prepare_training`), LoRA from the config and, with `grpo_rollout: engine` (not under vLLM),
     the group's completions sampled by `adversary.rollout.EngineRollout`. `prepare=False` leaves the model and the
@@ -194,7 +199,7 @@ def grpo_trainer(cfg, args, model, tokenizer, train_dataset, reward_funcs, callb
     return trainer
 
 
-def build_trainer(cfg, args, model, tokenizer, state, data, *, phase=None, time_budget: float = 0.0,
+def build_trainer(cfg: AdversaryConfig, args, model, tokenizer, state, data, *, phase=None, time_budget: float = 0.0,
                   time_start: float | None = None):
     """The GRPO trainer with our callbacks. Without a `phase` that has a meter (the study) the held-out td, gate and
     run-state callbacks are left out: the generator then trains for exactly `max_steps` (or `time_budget` seconds

@@ -16,12 +16,16 @@ from __future__ import annotations
 import json
 import math
 from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from conversations.schema import TurnRecord
 from generator.diagnostics import assistant_likeness_score, copy_score
 from generator.prompts import strip_end_marker
+
+if TYPE_CHECKING:
+    from adversary.config import AdversaryConfig
 
 
 def completion_text(c: Any) -> str:
@@ -99,7 +103,7 @@ class AssistantReward:
         return [-float(assistant_likeness_score(strip_end_marker(completion_text(c))[0])) for c in completions]
 
 
-def build_rewards(cfg, state) -> tuple[list, list[float]]:
+def build_rewards(cfg: AdversaryConfig, state) -> tuple[list, list[float]]:
     """The reward callables and their weights; terms with weight 0 are left out (nothing to compute)."""
     terms = [
         (DiscriminatorReward(state.discriminator, state.buffer, cfg.reward_clip, state.faults, cfg.disc_reward), cfg.w_disc),

@@ -15,18 +15,22 @@ from __future__ import annotations
 import random
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from conversations.schema import TurnRecord
 from conversations.seeds import seed_for
 
+if TYPE_CHECKING:
+    from adversary.config import AdversaryConfig, DataArgs, ObjectiveArgs
+
 # pairs padded to a multiple of this many tokens: a few allocation sizes that glibc reuses, not one per length (a
 # round's resident memory grew with every micro-batch of a new length; 3.5 -> 3.2 GB by this alone, same time)
 DPO_PAD_MULTIPLE = 32
 
 
-def round_contexts(data, cfg, k: int, seed: int) -> list[TurnRecord]:
+def round_contexts(data, cfg: ObjectiveArgs, k: int, seed: int) -> list[TurnRecord]:
     """Round k's contexts: consecutive slices of the adversarial contexts in one seeded order (reshuffled each pass)."""
     pool = data.grpo
     n = min(cfg.round_contexts, len(pool))
@@ -36,7 +40,8 @@ def round_contexts(data, cfg, k: int, seed: int) -> list[TurnRecord]:
     return [pool[i] for i in order[at:at + n]]
 
 
-def build_pairs(cfg, contexts: list[TurnRecord], samples: list[list], scores: np.ndarray) -> tuple[list[dict], dict]:
+def build_pairs(cfg: ObjectiveArgs, contexts: list[TurnRecord], samples: list[list],
+                scores: np.ndarray) -> tuple[list[dict], dict]:
     """DPO rows {prompt, chosen, rejected} (conversational, what TRL's DPOTrainer takes) and the round's figures.
     `samples[i]` are context i's `SimulatedTurn`s, `scores` their log-odds (n_contexts, round_samples)."""
     from generator.prompts import END_MARKER, END_SEPARATOR, target_text
@@ -67,7 +72,7 @@ def build_pairs(cfg, contexts: list[TurnRecord], samples: list[list], scores: np
     return rows, figures
 
 
-def dpo_dataset(rows: list[dict], tokenizer, cfg):
+def dpo_dataset(rows: list[dict], tokenizer, cfg: DataArgs):
     from datasets import Dataset
 
     from generator.prompts import fit_messages
@@ -80,7 +85,7 @@ def dpo_dataset(rows: list[dict], tokenizer, cfg):
     ])
 
 
-def dpo_config(cfg, args, out: Path, epochs: int = 1):
+def dpo_config(cfg: AdversaryConfig, args, out: Path, epochs: int = 1):
     from trl import DPOConfig
 
     from conversations.precision import trainer_precision_kwargs
@@ -98,7 +103,8 @@ def dpo_config(cfg, args, out: Path, epochs: int = 1):
     )
 
 
-def train_round(cfg, args, model, tokenizer, rows: list[dict], out: Path, budget_left: float | None, epochs: int = 1):
+def train_round(cfg: AdversaryConfig, args, model, tokenizer, rows: list[dict], out: Path, budget_left: float | None,
+                epochs: int = 1):
     """`epochs` of DPO on the round's pairs; returns (the model, the trainer's log history, optimiser steps)."""
     from trl import DPOTrainer
 

@@ -7,6 +7,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -15,6 +16,9 @@ from conversations.memory import peak_rss_mb, release_memory
 from conversations.schema import TurnRecord
 from conversations.seeds import seed_for
 from generator.data import load_turns, sample_records
+
+if TYPE_CHECKING:
+    from adversary.config import AdversaryConfig, ObjectiveArgs
 
 log = logging.getLogger("adversary")
 
@@ -36,7 +40,7 @@ class RunData:
     real_end_rate: float | None = None  # train: real users' end rate per turn inside the conversation window
 
 
-def prepare_data(cfg, seed: int, *, val_contexts: int = 0) -> RunData:
+def prepare_data(cfg: AdversaryConfig, seed: int, *, val_contexts: int = 0) -> RunData:
     """Real user turns, split by conversation (no conversation in two splits). Every subset the run uses is drawn
     here, with its seed derived in this one block: the train split is shuffled once (seed) and cut into the warm
     start's turns, the discriminator-fit contexts and the adversarial contexts; the held-out contexts (test split)
@@ -76,7 +80,7 @@ def prepare_data(cfg, seed: int, *, val_contexts: int = 0) -> RunData:
                    real_end_rate=real_end_rate, **cut)
 
 
-def base_model_td(cfg, args, data: RunData) -> dict | None:
+def base_model_td(cfg: AdversaryConfig, args, data: RunData) -> dict | None:
     """The un-tuned base model's held-out td, for comparison (main process; `eval_base_model`)."""
     from accelerate import PartialState
 
@@ -99,7 +103,8 @@ def base_model_td(cfg, args, data: RunData) -> dict | None:
 # ------------------------------------------------------------------------------------------------------ 1. warm start
 
 
-def warm_start_config(cfg, args, out: Path, steps: int, seed: int, lr_scheduler_type: str = "cosine", **sft_fields):
+def warm_start_config(cfg: AdversaryConfig, args, out: Path, steps: int, seed: int, lr_scheduler_type: str = "cosine",
+                      **sft_fields):
     """(SFTArgs, SFTConfig) of SFT on real user turns with the main job's settings: the warm start, and the study's
     continued-SFT arm and plateau run (`sft_fields` override SFTArgs fields)."""
     from generator.sft import SFTArgs, sft_config
@@ -115,7 +120,7 @@ def warm_start_config(cfg, args, out: Path, steps: int, seed: int, lr_scheduler_
     return sft_args, config
 
 
-def warm_start(cfg, args, data: RunData) -> str:
+def warm_start(cfg: AdversaryConfig, args, data: RunData) -> str:
     """SFT on real user turns (loss on the user side only, LoRA), merged into plain weights under
     OUTPUT_DIR/warmstart; reused when already there (a resumed run does not repeat it). Returns the model path."""
     from conversations.assets import resolve_model
@@ -145,7 +150,7 @@ def warm_start(cfg, args, data: RunData) -> str:
 # -------------------------------------------------------------------------------------------- 2. discriminator fit
 
 
-def make_discriminator(cfg, seed: int):
+def make_discriminator(cfg: AdversaryConfig, seed: int):
     """The co-trained discriminator (`adversary.discriminator.Discriminator`): the neural member on `discriminator`'s
     backbone and the classical n-gram member, weighted by `disc_weights`."""
     from adversary.discriminator import Discriminator
@@ -160,7 +165,7 @@ def make_discriminator(cfg, seed: int):
                          pool_size=cfg.disc_pool_size, seed=seed)
 
 
-def fit_discriminator(cfg, disc, model, tokenizer, data: RunData, seed: int) -> dict:
+def fit_discriminator(cfg: AdversaryConfig, disc, model, tokenizer, data: RunData, seed: int) -> dict:
     """Initial fit on real turns against the (warm-started) generator's turns for the same train contexts. Every
     process fits the same way from the same seed and data, so the discriminator starts identical on every rank."""
     from adversary.heldout import heldout_settings
@@ -195,7 +200,7 @@ def fit_discriminator(cfg, disc, model, tokenizer, data: RunData, seed: int) -> 
 # ------------------------------------------------------------------------------------------ 3-5. adversarial phase
 
 
-def adversarial_phase(cfg, args, model, tokenizer, state, data, meter, resume):
+def adversarial_phase(cfg: AdversaryConfig, args, model, tokenizer, state, data, meter, resume):
     """The phase the gate watches: the config's `objective` (adversary/objectives/: grpo, dpo_rounds, spin,
     resample_sft, or one registered at run time) run by the phase loop, which owns the meter, the gate and the best
     checkpoint. Returns its `PhaseResult`."""
@@ -218,7 +223,7 @@ def check_ranks_identical(disc, ps) -> None:
     ps.print(f"discriminator identical on {ps.num_processes} ranks: {'yes' if len(digests) == 1 else 'NO'}")
 
 
-def check_faults(cfg, state) -> None:
+def check_faults(cfg: ObjectiveArgs, state) -> None:
     if state.faults.exceeded():
         from conversations.schema import DataError
 
@@ -229,7 +234,7 @@ def check_faults(cfg, state) -> None:
 # ------------------------------------------------------------------------------------------------------- 6. export
 
 
-def write_config(cfg, args, out: Path) -> dict:
+def write_config(cfg: AdversaryConfig, args, out: Path) -> dict:
     """The resolved config, saved at the start of the run (and again in every checkpoint's state and the export)."""
     from accelerate import PartialState
 
@@ -243,7 +248,7 @@ def write_config(cfg, args, out: Path) -> dict:
     return resolved
 
 
-def manifest(cfg, args, data: RunData, state, start_model: str, base: dict | None) -> dict:
+def manifest(cfg: AdversaryConfig, args, data: RunData, state, start_model: str, base: dict | None) -> dict:
     """What the export records: provenance, the td curve and the best reading, the gate, and the sampling settings
     the simulator was measured with (its users default to them)."""
     import torch
@@ -320,7 +325,7 @@ def write_summary(out: Path, state, base: dict | None, frozen: Path, t_start: fl
 
 
 
-def export_best(cfg, args, best_dir: Path, manifest: dict, data: RunData | None = None) -> Path:
+def export_best(cfg: AdversaryConfig, args, best_dir: Path, manifest: dict, data: RunData | None = None) -> Path:
     """Merge the best checkpoint's adapter into its base and write the frozen export (atomic, hashed, read-only);
     with `export_guidance` K > 1, its guide is fitted on the merged simulator's own turns first and goes into the
     export (hashed with the rest) and into its manifest."""
@@ -344,7 +349,7 @@ def export_best(cfg, args, best_dir: Path, manifest: dict, data: RunData | None 
     return out
 
 
-def export_guide(cfg, args, model, tok, data: RunData, manifest: dict):
+def export_guide(cfg: AdversaryConfig, args, model, tok, data: RunData, manifest: dict):
     """The export's guide (`adversary.guidance.fit_guide`): the classical discriminator fitted on the real turns of
     `export_guide_contexts` train contexts against the export's own turns there, at the export's sampling settings,
     and calibrated on a held-back quarter of their conversations. Adds manifest["guidance"]."""

@@ -12,11 +12,15 @@ import random
 import re
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from adversary.crashpoints import crash_point
+
+if TYPE_CHECKING:
+    from adversary.config import AdversaryConfig
 
 STATE_DIR = "mimesis_state"
 COMPLETE = "COMPLETE"
@@ -25,7 +29,7 @@ COMPLETE = "COMPLETE"
 class AdversaryState:
     """Everything the adversarial phase carries from step to step besides the generator and its optimiser."""
 
-    def __init__(self, cfg, discriminator, *, max_steps: int | None, seed: int):
+    def __init__(self, cfg: AdversaryConfig, discriminator, *, max_steps: int | None, seed: int):
         from adversary.config import resolved
         from adversary.cotrain import FaultCounter, ReplayBuffer
         from adversary.gate import PlateauGate

@@ -35,6 +35,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -46,6 +47,9 @@ from conversations.config import ConfigError
 from conversations.seeds import seed_for
 from adversary.study_scoring import (_panel_td, load_arm, paired_differences, score_arm,  # noqa: F401 (_panel_td: tests)
                                      score_conversations)
+
+if TYPE_CHECKING:
+    from adversary.config import AdversaryConfig
 
 
 @dataclass
@@ -143,7 +147,7 @@ def parse(argv):
     return parse_job((StudyConfig,), argv, prog="python -m adversary.study")
 
 
-def arm_config(cfg, args, overrides: dict[str, str]):
+def arm_config(cfg: AdversaryConfig, args, overrides: dict[str, str]):
     """Copies of (cfg, args) with an arm's overrides, each parsed as its field's type."""
     import dataclasses
     import typing
@@ -168,7 +172,7 @@ def arm_config(cfg, args, overrides: dict[str, str]):
 # ------------------------------------------------------------------------------------------------ the warm start
 
 
-def plateau_warm_start(cfg, args, study, data, out: Path) -> tuple[str, list[dict]]:
+def plateau_warm_start(cfg: AdversaryConfig, args, study, data, out: Path) -> tuple[str, list[dict]]:
     """SFT to the plateau, cached in OUT/warmstart: (merged model dir, curve rows)."""
     from transformers import TrainerCallback
 
@@ -230,7 +234,7 @@ def plateau_warm_start(cfg, args, study, data, out: Path) -> tuple[str, list[dic
 # ------------------------------------------------------------------------------------------------------------- arms
 
 
-def run_sft_arm(cfg, args, study, data, start_model: str, out: Path) -> dict:
+def run_sft_arm(cfg: AdversaryConfig, args, study, data, start_model: str, out: Path) -> dict:
     from adversary.trainer_parts import TimeBudget
     from adversary.stages import warm_start_config
     from generator.sft import run_sft
@@ -248,7 +252,7 @@ def run_sft_arm(cfg, args, study, data, start_model: str, out: Path) -> dict:
     return {"steps": m["train_steps"], "wall_seconds": time.time() - t0, "model_dir": m["merged_dir"], "curve": curve}
 
 
-def run_adversarial_arm(cfg, args, study, data, start_model: str, out: Path) -> dict:
+def run_adversarial_arm(cfg: AdversaryConfig, args, study, data, start_model: str, out: Path) -> dict:
     """The arm's objective (adversary/objectives/) for `arm_seconds`, its discriminator's initial fit included; no
     meter (the arm trains for its whole time), the adapter saved to OUT/model."""
     from adversary.objectives import get_objective
@@ -271,7 +275,7 @@ def run_adversarial_arm(cfg, args, study, data, start_model: str, out: Path) -> 
             "cotrain": state.cotrain_history}
 
 
-def run_guided_arm(run, cfg, args, study, data, start_model: str, out: Path, guide_spec: dict) -> dict:
+def run_guided_arm(run, cfg: AdversaryConfig, args, study, data, start_model: str, out: Path, guide_spec: dict) -> dict:
     """A guided arm: `run` (the SFT or the adversarial arm) trains for arm_seconds - guide_seconds, then the
     trained simulator's own turns on `guide_contexts` train contexts (at the config's sampling temperature) and
     their real turns fit and calibrate its guide (`adversary.guidance.fit_guide`), saved to OUT/guide. The wall time

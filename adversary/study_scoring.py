@@ -8,18 +8,22 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from adversary.config import AdversaryConfig, ModelArgs
 
-def load_arm(model_dir: str, cfg, args):
+
+def load_arm(model_dir: str, cfg: ModelArgs, args):
     from conversations.precision import inference_dtype
     from generator.model import load_generator
 
     return load_generator(model_dir, trust_remote_code=args.trust_remote_code, dtype=inference_dtype(cfg.dtype))
 
 
-def simulate_arm(model, tok, records, cfg, settings, seed: int, guide=None) -> tuple[list, dict]:
+def simulate_arm(model, tok, records, cfg: AdversaryConfig, settings, seed: int, guide=None) -> tuple[list, dict]:
     """One turn per context: sampled (no guide, or K = 1), or kept by the arm's guide from K candidates drawn from
     one prefill (`adversary.guidance`). -> (turns, {"guide_ess": mean Kish ESS of the weights, "guide_logodds_kept":
     mean calibrated log-odds of the kept turns}; empty without a guide)."""
@@ -36,7 +40,7 @@ def simulate_arm(model, tok, records, cfg, settings, seed: int, guide=None) -> t
                   "guide_logodds_mean": float(np.mean(z))}
 
 
-def choose_temperature(model, tok, cfg, study, data, seed: int, guide=None) -> tuple[float, dict]:
+def choose_temperature(model, tok, cfg: AdversaryConfig, study, data, seed: int, guide=None) -> tuple[float, dict]:
     """The temperature with the lowest fast-panel td on the validation contexts (ties: the one nearest 1); a guided
     arm chooses with its guide on."""
     from adversary.heldout import HELDOUT_SEED, heldout_settings
@@ -98,7 +102,7 @@ def paired_differences(reports: dict, real_ids: list[str], n_boot: int, seed: in
     return out
 
 
-def score_arm(arm: str, res: dict, cfg, args, study, data, out: Path) -> tuple[dict, list[dict]]:
+def score_arm(arm: str, res: dict, cfg: AdversaryConfig, args, study, data, out: Path) -> tuple[dict, list[dict]]:
     """The arm's temperature chosen on validation contexts, then one turn per test context for every fresh seed of
     `study_seeds`, each seed scored by the panel: (the arm's summary, its out-of-fold records, one per seed). Cached
     in OUT/arms/<arm>.score.json (a rerun of an interrupted study scores only the arms not yet scored); every seed's
@@ -163,7 +167,8 @@ def score_arm(arm: str, res: dict, cfg, args, study, data, out: Path) -> tuple[d
     return summary, oofs
 
 
-def score_conversations(arm: str, res: dict, cfg, args, study, data, out: Path, temperature: float) -> dict:
+def score_conversations(arm: str, res: dict, cfg: AdversaryConfig, args, study, data, out: Path,
+                        temperature: float) -> dict:
     """The arm at the conversation level, at its chosen temperature, once per seed: the mean over seeds of every
     `conv/*` figure and each seed's row. Cached in OUT/arms/<arm>.conv.json."""
     import copy as _copy

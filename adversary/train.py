@@ -19,11 +19,15 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 if __package__ in (None, ""):  # run as a script (accelerate launch adversary/train.py): make the packages importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from conversations.cli_util import friendly_errors
+
+if TYPE_CHECKING:
+    from adversary.config import ObjectiveArgs
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
 
@@ -45,7 +49,7 @@ def parse_args(argv):
     return cfg, args
 
 
-def resolve_resume(cfg, args) -> Path | None:
+def resolve_resume(cfg: ObjectiveArgs, args) -> Path | None:
     """The checkpoint to resume from: `--resume_from_checkpoint latest` finds the newest complete one the objective
     wrote (a GRPO `checkpoint-N`, a rounds `round-K`); a path must be a complete checkpoint of this job."""
     from adversary.objectives import get_objective

@@ -110,3 +110,85 @@ def test_one_way_into_the_engine_for_a_policy_being_trained():
     direct = [str(p.relative_to(ROOT)) for pkg in LAYERS for p in (ROOT / pkg).rglob("*.py")
               if p.parent.name != "engine" and any(f"{f}(" in p.read_text() for f in ("inference_copy", "inference_model"))]
     assert not direct, f"use generator.engine.policy_engine / policy_model: {direct}"
+
+
+WHOLE_CONFIG_CALLS = {"resolved", "resolved_config", "fields", "deepcopy", "to_jsonable", "arm_config"}
+
+
+def _config_functions() -> list[dict]:
+    """Every function of the main job's package (adversary/) that takes `cfg`: its annotation, the config keys it
+    reads from `cfg` itself, and the functions it hands `cfg` on to (by name)."""
+    found = []
+    for path in sorted((ROOT / "adversary").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            arg = next((a for a in node.args.args + node.args.kwonlyargs if a.arg == "cfg"), None)
+            if arg is None:
+                continue
+            reads, callees = set(), set()
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == "cfg":
+                    reads.add(sub.attr)
+                if isinstance(sub, ast.Call) and any(isinstance(v, ast.Name) and v.id == "cfg"
+                                                     for v in sub.args + [k.value for k in sub.keywords]):
+                    f = sub.func
+                    callees.add(f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", ""))
+            found.append({"where": f"{path.relative_to(ROOT)}:{node.lineno} {node.name}", "name": node.name,
+                          "annotation": ast.unparse(arg.annotation) if arg.annotation else None,
+                          "reads": reads, "callees": callees})
+    return found
+
+
+def test_functions_take_the_config_parts_they_read():
+    """A function of the main job that takes the config says which of its parts it needs: `cfg: MeterArgs` reads the
+    meter's keys only, and hands `cfg` on only to functions of the same part; a function that composes several parts
+    (a stage, the study's arms) takes `cfg: AdversaryConfig`. So a reader sees at the signature what a function
+    depends on, and a test, not a convention, keeps it true."""
+    import dataclasses
+
+    from adversary.config import PARTS, AdversaryConfig, own_fields
+
+    owner = {}  # config key -> its part; a part's inherited keys (LoraArgs') belong to it too
+    for name, part in PARTS.items():
+        for f in dataclasses.fields(part):
+            owner.setdefault(f.name, name)
+        owner.update({f: name for f in own_fields(part)})
+        for cls in part.__mro__:  # a part's methods (LoraArgs.peft_config) read its keys
+            if cls.__module__ != "builtins":
+                owner.update({m: owner.get(m, name) for m, v in vars(cls).items()
+                              if callable(v) and not m.startswith("_")})
+    by_class = {part.__name__: name for name, part in PARTS.items()}
+    fns = _config_functions()
+    by_name: dict[str, list] = {}
+    for fn in fns:
+        by_name.setdefault(fn["name"], []).append(fn)
+
+    def parts_of(fn, seen=()) -> set:
+        """The parts a function needs, through the functions it hands cfg on to ('*': the whole config)."""
+        out = {"*" if k in ("part", "__post_init__") else owner.get(k, "?" + k) for k in fn["reads"]}
+        for c in fn["callees"]:
+            if c in WHOLE_CONFIG_CALLS or (c[:1].isupper() and not c.endswith("Args")):
+                out.add("*")  # the whole config read, or held by an object for its methods (Phase, AdversaryState)
+            for callee in by_name.get(c, []):
+                if callee["where"] not in seen:
+                    out |= parts_of(callee, seen + (fn["where"],))
+        return out
+
+    problems = []
+    for fn in fns:
+        ann, need = fn["annotation"], parts_of(fn)
+        unknown = sorted(p for p in need if p.startswith("?"))
+        if unknown:
+            problems.append(f"{fn['where']}: reads {unknown}, not a config key")
+        elif ann in by_class:
+            if need != {by_class[ann]}:
+                problems.append(f"{fn['where']}: typed {ann} but needs the parts {sorted(need)}")
+        elif ann == AdversaryConfig.__name__:
+            if fn["name"] != "__init__" and len(need) < 2 and "*" not in need:
+                problems.append(f"{fn['where']}: takes the whole AdversaryConfig but needs only {sorted(need)}")
+        else:
+            problems.append(f"{fn['where']}: cfg is not typed with its part (one of {sorted(by_class)}) "
+                            f"or AdversaryConfig (annotation: {ann})")
+    assert not problems, "\n".join(problems)
+    assert len(fns) >= 40  # the walk saw the package
