@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conversations.cli_util import friendly_errors
-from conversations.config import ConfigError, parse_config
+from conversations.cli_util import friendly_errors, parse_cli
+from conversations.config import ConfigError
 
 from agent_rl import stats
 from agent_rl.evaluate import RunArgs, run_agent, score_matrix, write_matrix
@@ -90,16 +90,10 @@ def write_comparison(result: dict[str, Any], agents: list[str], out_dir: str | P
         "# Controlled comparison", "",
         f"A = `{a}`, B = `{b}`. Scores x 100 (UserRL: per gym the mean of summed turn rewards; overall = mean over "
         "gyms). Delta = B - A with a 95% paired bootstrap CI over the same tasks.", "",
-        "| simulator | A | B | delta B - A [95% CI] |", "|---|---|---|---|",
+        *overall_lines(result["rows"], "A", "B"),
+        "", verdict_line(result, result["simulators"], "B"), "", "## Per gym", "",
+        "| simulator | gym | n | A | B | delta [95% CI] |", "|---|---|---|---|---|---|",
     ]
-    for r in result["rows"]:
-        if r["gym"] == "overall":
-            lines.append(f"| {short_label(r['simulator'])} | {r['score_a']:.1f} | {r['score_b']:.1f} | "
-                         f"{r['delta']:+.1f} [{r['ci_low']:+.1f}, {r['ci_high']:+.1f}] |")
-    lines += ["", f"B improved on {result['improved']} of {result['simulators']} simulators "
-              f"({result['improved_significantly']} with the CI above 0, {result['worse_significantly']} with it "
-              f"below 0); mean delta {result['mean_delta']:+.1f}.", "", "## Per gym", "",
-              "| simulator | gym | n | A | B | delta [95% CI] |", "|---|---|---|---|---|---|"]
     for r in result["rows"]:
         if r["gym"] != "overall":
             lines.append(f"| {short_label(r['simulator'])} | {r['gym']} | {r['n']} | {r['score_a']:.1f} | "
@@ -107,6 +101,25 @@ def write_comparison(result: dict[str, Any], agents: list[str], out_dir: str | P
     (out / "compare.md").write_text("\n".join(lines) + "\n")
     (out / "compare.json").write_text(json.dumps({"agents": agents, **result}, indent=2))
     return {"csv": out / "compare.csv", "md": out / "compare.md", "json": out / "compare.json"}
+
+
+def overall_lines(rows: list[dict], a: str, b: str, *, episodes: bool = False) -> list[str]:
+    """The markdown table of the overall rows: per simulator, A's and B's scores and B - A with its paired CI."""
+    from agent_rl.users import short_label
+
+    lines = ["| simulator | " + ("episodes | " if episodes else "") + f"{a} | {b} | delta {b} - {a} [95% CI] |",
+             "|---|" + "---|" * (4 if episodes else 3)]
+    for r in rows:
+        if r["gym"] == "overall":
+            n = f"{r['n']} | " if episodes else ""
+            lines.append(f"| {short_label(r['simulator'])} | {n}{r['score_a']:.1f} | {r['score_b']:.1f} | "
+                         f"{r['delta']:+.1f} [{r['ci_low']:+.1f}, {r['ci_high']:+.1f}] |")
+    return lines
+
+
+def verdict_line(c: dict, n_simulators: int, b: str) -> str:
+    return (f"{b} improved on {c['improved']} of {n_simulators} simulators ({c['improved_significantly']} with the CI "
+            f"above 0, {c['worse_significantly']} with it below 0); mean delta {c['mean_delta']:+.1f}.")
 
 
 def compare(args: CompareArgs) -> dict[str, Any]:
@@ -127,11 +140,7 @@ def compare(args: CompareArgs) -> dict[str, Any]:
 
 @friendly_errors
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    (args,) = parse_config((CompareArgs,), argv, prog="python -m agent_rl.compare")
-    from conversations.threads import apply_threads
-
-    apply_threads()
+    (args,) = parse_cli((CompareArgs,), argv, prog="python -m agent_rl.compare")
     res = compare(args)
     print(Path(res["paths"]["md"]).read_text())
     print(json.dumps({"improved": res["improved"], "simulators": res["simulators"], **res["paths"]}))

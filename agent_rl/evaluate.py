@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from conversations import DataError
-from conversations.cli_util import friendly_errors
-from conversations.config import ConfigError, parse_config
+from conversations.cli_util import friendly_errors, parse_cli
+from conversations.config import ConfigError
 
 from agent_rl import stats
 from agent_rl.agents import EVAL_TEMPERATURE
@@ -249,11 +249,7 @@ def evaluate(args: EvalArgs) -> dict[str, Any]:
 
 @friendly_errors
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    (args,) = parse_config((EvalArgs,), argv, prog="python -m agent_rl.evaluate")
-    from conversations.threads import apply_threads
-
-    apply_threads()
+    (args,) = parse_cli((EvalArgs,), argv, prog="python -m agent_rl.evaluate")
     if not args.agent:
         raise DataError("--agent is required")
     res = evaluate(args)

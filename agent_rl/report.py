@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conversations.cli_util import friendly_errors
-from conversations.config import ConfigError, parse_config
+from conversations.cli_util import friendly_errors, parse_cli
+from conversations.config import ConfigError
 
-from agent_rl.compare import compare_records
+from agent_rl.compare import compare_records, overall_lines, verdict_line
 from agent_rl.evaluate import RunArgs, run_agent, score_matrix
 
 log = logging.getLogger("agent_rl.report")
@@ -124,24 +124,14 @@ def render(result: dict[str, Any]) -> str:
     c = result.get("comparison")
     if c:
         lines += ["", f"## {c['b']} - {c['a']} on simulators neither met", "",
-                  "| simulator | episodes | " + f"{c['a']} | {c['b']} | delta [95% paired CI] |", "|---|---|---|---|---|"]
-        for r in c["rows"]:
-            if r["gym"] == "overall":
-                lines.append(f"| {short_label(r['simulator'])} | {r['n']} | {r['score_a']:.1f} | {r['score_b']:.1f} | "
-                             f"{r['delta']:+.1f} [{r['ci_low']:+.1f}, {r['ci_high']:+.1f}] |")
-        lines += ["", f"{c['b']} improved on {c['improved']} of {len(c['simulators'])} simulators "
-                  f"({c['improved_significantly']} with the CI above 0, {c['worse_significantly']} below 0); "
-                  f"mean delta {c['mean_delta']:+.1f}."]
+                  *overall_lines(c["rows"], c["a"], c["b"], episodes=True),
+                  "", verdict_line(c, len(c["simulators"]), c["b"])]
     return "\n".join(lines) + "\n"
 
 
 @friendly_errors
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    (args,) = parse_config((ReportArgs,), argv, prog="python -m agent_rl.report")
-    from conversations.threads import apply_threads
-
-    apply_threads()
+    (args,) = parse_cli((ReportArgs,), argv, prog="python -m agent_rl.report")
     result = report(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

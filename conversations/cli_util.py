@@ -28,3 +28,17 @@ def friendly_errors(main):
             sys.exit(130)
 
     return wrapper
+
+
+def parse_cli(types: tuple, argv, prog: str) -> tuple:
+    """A CLI's prologue: INFO logging, its typed config parsed (`conversations.config.parse_config`: YAML presets and
+    `--key value`), the thread count chosen (`conversations.threads.apply_threads`). Returns the parsed objects."""
+    import logging
+
+    from conversations.config import parse_config
+    from conversations.threads import apply_threads
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    parsed = parse_config(types, argv, prog=prog)
+    apply_threads()
+    return parsed

@@ -9,7 +9,7 @@ Names are imported lazily, so `import discriminator.turing` with the fast panel 
 
 from __future__ import annotations
 
-import importlib
+from conversations.lazy import lazy_exports
 
 _EXPORTS = {
     "NeuralDetector": "discriminator.neural",
@@ -24,8 +24,4 @@ _EXPORTS = {
 
 __all__ = list(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'discriminator' has no attribute {name!r}")
+__getattr__ = lazy_exports("discriminator", _EXPORTS)

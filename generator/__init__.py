@@ -16,7 +16,7 @@ Names are imported lazily, so `import generator.prompts` or `generator.diagnosti
 
 from __future__ import annotations
 
-import importlib
+from conversations.lazy import lazy_exports
 
 _EXPORTS = {
     "END_MARKER": "generator.prompts",
@@ -43,8 +43,4 @@ _EXPORTS = {
 
 __all__ = list(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'generator' has no attribute {name!r}")
+__getattr__ = lazy_exports("generator", _EXPORTS)
