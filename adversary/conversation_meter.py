@@ -87,18 +87,25 @@ def calibrated_end_bias(model, tokenizer, records: list, cfg: SamplingArgs, sett
 
 
 def simulate_heldout_conversations(model, tokenizer, convs: list, cfg: AdversaryConfig, settings, seed: int,
-                                   precision: str | None = None):
+                                   precision: str | None = None, guide=None):
     """The simulator's continuations of `convs` at `settings` (the meter's) as
-    `generator.dialogue.SimulatedConversation`s, ids the real ones'."""
+    `generator.dialogue.SimulatedConversation`s, ids the real ones'. With a `guide` (`adversary.guidance.Guide`,
+    K > 1) every user turn is the one it keeps of K sampled, as a guided export writes them."""
     from generator.assistants import ReplayAssistant
     from generator.dialogue import simulate_conversations
     from generator.engine import Engine
 
     engine = Engine(model, tokenizer, batch_size=cfg.sim_batch_size, precision=precision)
+    turns_fn = None
+    if guide is not None and guide.k > 1:
+        from adversary.guidance import guided_turns
+
+        def turns_fn(contexts, goals, personas, seed):
+            return guided_turns(engine, guide, contexts, settings, goals=goals, personas=personas, seed=seed)[0]
     openings = [[m for m in c.messages if m["role"] != "system"][:SEED_USER_TURNS] for c in convs]
     assistant = ReplayAssistant.from_conversations(convs, start_user_turns=SEED_USER_TURNS)
-    return simulate_conversations(engine, assistant, settings, contexts=openings,
-                                  ids=[str(c.id) for c in convs], max_turns=cfg.conv_max_turns, seed=seed)
+    return simulate_conversations(engine, assistant, settings, contexts=openings, ids=[str(c.id) for c in convs],
+                                  max_turns=cfg.conv_max_turns, seed=seed, turns_fn=turns_fn)
 
 
 def measure_conversations(real: list, simulated: list, cfg: MeterArgs, seed: int = 0) -> dict:

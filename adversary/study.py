@@ -365,9 +365,7 @@ def main(argv=None) -> int:
                 (arm_out / "ARM.json").write_text(json.dumps(res, default=float))
                 print(f"arm {label}: {res['steps']} steps in {res['wall_seconds']:.0f}s", flush=True)
         summary[label], oofs = score_arm(label, res, cfg, args, study, data, out)
-        if study.study_conversations and res.get("guide"):
-            summary[label]["conversation"] = {"not_measured": "the conversation meter does not take a guide"}
-        elif study.study_conversations:
+        if study.study_conversations:  # a guided arm's conversations are guided turn by turn, as its turns are
             summary[label]["conversation"] = score_conversations(label, res, cfg, args, study, data, out,
                                                                  summary[label]["temperature"])
         reports[label] = {"td": summary[label]["td"], "oof": oofs}

@@ -23,6 +23,15 @@ def load_arm(model_dir: str, cfg: ModelArgs, args):
     return load_generator(model_dir, trust_remote_code=args.trust_remote_code, dtype=inference_dtype(cfg.dtype))
 
 
+def load_guide(res: dict):
+    """The arm's guide (`adversary.guidance.Guide`) when it has one, else None."""
+    if not res.get("guide"):
+        return None
+    from adversary.guidance import Guide
+
+    return Guide.load(res["guide"]["dir"])
+
+
 def simulate_arm(model, tok, records, cfg: AdversaryConfig, settings, seed: int, guide=None) -> tuple[list, dict]:
     """One turn per context: sampled (no guide, or K = 1), or kept by the arm's guide from K candidates drawn from
     one prefill (`adversary.guidance`). -> (turns, {"guide_ess": mean Kish ESS of the weights, "guide_logodds_kept":
@@ -119,11 +128,7 @@ def score_arm(arm: str, res: dict, cfg: AdversaryConfig, args, study, data, out:
         return doc["summary"], doc["oof"]
     t0 = time.time()
     model, tok = load_arm(res["model_dir"], cfg, args)
-    guide = None
-    if res.get("guide"):
-        from adversary.guidance import Guide
-
-        guide = Guide.load(res["guide"]["dir"])
+    guide = load_guide(res)
     temp, val_tds = choose_temperature(model, tok, cfg, study, data, args.seed, guide)
     per_seed, oofs, first, sim_seconds = [], [], None, 0.0
     for i, seed in enumerate(study.study_seeds):
@@ -181,18 +186,19 @@ def score_conversations(arm: str, res: dict, cfg: AdversaryConfig, args, study, 
         return json.loads(cache.read_text())
     t0 = time.time()
     model, tok = load_arm(res["model_dir"], cfg, args)
+    guide = load_guide(res)
     panel = _copy.copy(cfg)
     panel.heldout_detectors, panel.heldout_folds = list(study.study_detectors), study.study_folds
     rows = []
     for seed in study.study_seeds:
         sims = simulate_heldout_conversations(model, tok, data.heldout_convs, cfg, heldout_settings(cfg, temperature),
-                                              seed, precision=cfg.dtype)
+                                              seed, precision=cfg.dtype, guide=guide)
         rows.append({"seed": seed, **measure_conversations(data.heldout_convs, sims, panel, seed=args.seed)})
     del model
     keys = [k for k in rows[0] if k.startswith("conv/")]
     doc = {**{k: float(np.nanmean([r[k] for r in rows])) for k in keys},
            "conv/td_sd_over_seeds": float(np.std([r["conv/td"] for r in rows], ddof=1)) if len(rows) > 1 else 0.0,
-           "per_seed": rows, "seconds": round(time.time() - t0, 1)}
+           "per_seed": rows, "seconds": round(time.time() - t0, 1), "guide_k": guide.k if guide is not None else 1}
     cache.write_text(json.dumps(doc, default=float))
     print(f"arm {arm}: conversation td {doc['conv/td']:.1f}, termination F1 {doc['conv/termination_f1']:.2f}, "
           f"ends/real {doc['conv/ends_per_real']:.2f} ({len(data.heldout_convs)} conversations x {len(rows)} seeds)",

@@ -235,3 +235,40 @@ def test_compare_samples_a_guided_export_through_its_guide_at_both_levels(tmp_pa
     assert len(convs) == 1 and convs[0].user_turns >= 1
     assert EngineSimulator(f"frozen:{out}#guidance=1", "fp32", 8, SamplingSettings()).guide is None
     assert label(f"frozen:{out}#guidance=1").endswith("#guidance=1")
+
+
+def test_the_meters_conversations_go_through_a_guide(tiny_lm_path):
+    """The conversation level of a guided simulator (the study's guided arms): every simulated user turn is the one
+    the guide kept of its K candidates, and the kept text is one of them; without a guide no candidate is weighed."""
+    from types import SimpleNamespace
+
+    from adversary.conversation_meter import simulate_heldout_conversations
+    from conversations import Conversation
+    from generator.engine import SamplingSettings
+    from generator.model import load_generator
+
+    model, tok = load_generator(tiny_lm_path)
+    guide = _fitted_guide(k=3)
+    seen = []  # every group of K candidates the guide weighed, with the one it kept
+    weigh = guide.weigh
+
+    def spy(groups, rng):
+        z, pick = weigh(groups, rng)
+        seen.extend((g, g[p].user_turn) for g, p in zip(groups, pick))
+        return z, pick
+
+    guide.weigh = spy
+    real = [Conversation(id=f"c{i}", messages=[
+        {"role": "user", "content": f"hi {i}"}, {"role": "assistant", "content": "yes?"},
+        {"role": "user", "content": "more"}, {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "thanks"}, {"role": "assistant", "content": "bye"}]) for i in range(3)]
+    cfg = SimpleNamespace(sim_batch_size=8, conv_max_turns=2)
+    settings = SamplingSettings(max_new_tokens=6)
+    convs = simulate_heldout_conversations(model, tok, real, cfg, settings, seed=1, precision="fp32", guide=guide)
+    written = [m["content"] for c in convs for m in c.messages[1:] if m["role"] == "user"]
+    assert len(written) == sum(c.user_turns for c in convs) == 6  # 3 conversations x 2 simulated turns
+    assert len(seen) == len(written) and all(len(g) == 3 for g, _ in seen)
+    assert sorted(written) == sorted(kept.strip() for _, kept in seen)
+    seen.clear()
+    simulate_heldout_conversations(model, tok, real, cfg, settings, seed=1, precision="fp32")
+    assert seen == []

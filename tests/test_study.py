@@ -111,8 +111,8 @@ def test_study_smoke(tmp_path):
     assert r.stdout.count("reusing its scoring") == 4 and "training for" not in r.stdout
     again = json.loads((out / "study.json").read_text())
     assert again["differences"] == study["differences"]
-    for arm in ("dpo", "sft", "warmstart"):
+    for arm in ("dpo", "sft", "warmstart", "sft_guided"):
         conv = again["arms"][arm]["conversation"]
         assert 0 <= conv["conv/td"] <= 50 and [s["seed"] for s in conv["per_seed"]] == [3001, 3002]
         assert conv["conv/conversations"] == 20
-    assert "not_measured" in again["arms"]["sft_guided"]["conversation"]
+        assert conv["guide_k"] == (3 if arm == "sft_guided" else 1)  # the guided arm's conversations are guided too
