@@ -178,7 +178,8 @@ def score_conversations(arm: str, res: dict, cfg: AdversaryConfig, args, study, 
     `conv/*` figure and each seed's row. Cached in OUT/arms/<arm>.conv.json."""
     import copy as _copy
 
-    from adversary.conversation_meter import measure_conversations, simulate_heldout_conversations
+    from adversary.conversation_meter import (calibrated_end_bias, measure_conversations,
+                                              simulate_heldout_conversations)
     from adversary.heldout import heldout_settings
 
     cache = out / "arms" / f"{arm}.conv.json"
@@ -189,16 +190,21 @@ def score_conversations(arm: str, res: dict, cfg: AdversaryConfig, args, study, 
     guide = load_guide(res)
     panel = _copy.copy(cfg)
     panel.heldout_detectors, panel.heldout_folds = list(study.study_detectors), study.study_folds
+    settings, end_bias = heldout_settings(cfg, temperature), None
+    if data.end_contexts:  # end_decision: calibrated, solved once per arm on its own (unguided) turns, as the meter does
+        end_bias = calibrated_end_bias(model, tok, data.end_contexts, cfg, settings, data.real_end_rate,
+                                       study.study_seeds[0], precision=cfg.dtype)
+        settings = settings.replace(end_bias=end_bias)
     rows = []
     for seed in study.study_seeds:
-        sims = simulate_heldout_conversations(model, tok, data.heldout_convs, cfg, heldout_settings(cfg, temperature),
-                                              seed, precision=cfg.dtype, guide=guide)
+        sims = simulate_heldout_conversations(model, tok, data.heldout_convs, cfg, settings, seed, precision=cfg.dtype,
+                                              guide=guide)
         rows.append({"seed": seed, **measure_conversations(data.heldout_convs, sims, panel, seed=args.seed)})
     del model
     keys = [k for k in rows[0] if k.startswith("conv/")]
     doc = {**{k: float(np.nanmean([r[k] for r in rows])) for k in keys},
            "conv/td_sd_over_seeds": float(np.std([r["conv/td"] for r in rows], ddof=1)) if len(rows) > 1 else 0.0,
-           "per_seed": rows, "seconds": round(time.time() - t0, 1), "guide_k": guide.k if guide is not None else 1}
+           "per_seed": rows, "seconds": round(time.time() - t0, 1), "guide_k": guide.k if guide is not None else 1, "end_bias": end_bias}
     cache.write_text(json.dumps(doc, default=float))
     print(f"arm {arm}: conversation td {doc['conv/td']:.1f}, termination F1 {doc['conv/termination_f1']:.2f}, "
           f"ends/real {doc['conv/ends_per_real']:.2f} ({len(data.heldout_convs)} conversations x {len(rows)} seeds)",

@@ -106,7 +106,8 @@ def test_study_smoke(tmp_path):
     assert (out / "study.png").stat().st_size > 5000
     # a rerun reuses every trained and scored arm (the same table, nothing trained or scored again) and, asked for
     # the conversation level, adds it to each arm
-    r = subprocess.run(cmd + ["--study_conversations", "20"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    r = subprocess.run(cmd + ["--study_conversations", "20", "--end_decision", "calibrated", "--conv_max_turns", "2"],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert r.stdout.count("reusing its scoring") == 4 and "training for" not in r.stdout
     again = json.loads((out / "study.json").read_text())
@@ -116,3 +117,4 @@ def test_study_smoke(tmp_path):
         assert 0 <= conv["conv/td"] <= 50 and [s["seed"] for s in conv["per_seed"]] == [3001, 3002]
         assert conv["conv/conversations"] == 20
         assert conv["guide_k"] == (3 if arm == "sft_guided" else 1)  # the guided arm's conversations are guided too
+        assert isinstance(conv["end_bias"], float) and 0 <= conv["conv/termination_f1"] <= 1  # the calibrated decision
