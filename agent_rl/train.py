@@ -7,7 +7,7 @@ of them in lock step (agent batch -> tags parsed -> one simulator batch -> finis
 episode, the first prompt's ids, everything after it as the "completion" (agent turns and user turns interleaved) with
 `env_mask` 0 on the user's tokens (never trained on), the trajectory score (the GRPO reward, normalised within each
 group by TRL) and per-token turn credits, which `MultiTurnGRPOTrainer` multiplies into the advantages ((B,) -> (B, T)).
-Per-gym episode returns are logged as `agent/return/<gym>`.
+Per-gym episode returns and agent turns are logged as `agent/return/<gym>` and `agent/turns/<gym>`.
 
 Config: `AgentRLArgs` below plus every `trl.GRPOConfig` field, from `--config FILE.yaml` and `--key value` overrides.
 """
@@ -198,14 +198,17 @@ class AgentRollout:
 def trajectory_reward(completions, trajectory_score, episode_return, gym, episode_turns, format_ok, log_metric=None,
                       rollout_seconds=None, **_):
     """The GRPO reward: each episode's trajectory score (computed in the rollout). Logs per-gym returns (the task
-    reward alone, without any format bonus), turns, the share of tagged turns and the rollout's seconds."""
+    reward alone, without any format bonus), turns (overall and per gym), the share of tagged turns and the
+    rollout's seconds."""
     if log_metric is not None:
         if rollout_seconds:
             log_metric("agent/rollout_seconds", float(rollout_seconds[0]))
         for g, ret in zip(gym, episode_return):
             log_metric(f"agent/return/{g}", float(ret))
-        for n, ok in zip(episode_turns, format_ok):
+        for g, n, ok in zip(gym, episode_turns, format_ok):
             log_metric("agent/turns", float(n))
+            # per gym too: an agent that learns to answer early shows here before its return falls (docs/scaling.md)
+            log_metric(f"agent/turns/{g}", float(n))
             log_metric("agent/format_ok", float(ok))
     return [float(s) for s in trajectory_score]
 
