@@ -54,12 +54,6 @@ class EngineSimulator:
         self.guide = load_export_guide(rest, manifest, guidance) if kind == "frozen" else None
         self.settings, self.spec = settings, spec
 
-    def _guided(self, contexts, goals, personas, seed):
-        from adversary.guidance import guided_turns
-
-        return guided_turns(self.engine, self.guide, contexts, self.settings, goals=goals, personas=personas,
-                            seed=seed)[0]
-
     def turns(self, records, seed: int):
         from generator.sample import simulate_records
 
@@ -70,11 +64,13 @@ class EngineSimulator:
         return simulate_records(self.engine, records, self.settings, seed=seed)
 
     def conversations(self, assistant, seeds, ids, max_turns: int, seed: int):
+        from adversary.guidance import guided_turns_fn
         from generator.dialogue import simulate_conversations
 
         return simulate_conversations(self.engine, assistant, self.settings, contexts=seeds, ids=ids,
                                       max_turns=max_turns, seed=seed,
-                                      turns_fn=self._guided if self.guide is not None else None)
+                                      turns_fn=guided_turns_fn(self.engine, self.guide, self.settings)
+                                      if self.guide is not None else None)
 
 
 class EndpointSimulator:

@@ -98,10 +98,9 @@ def simulate_heldout_conversations(model, tokenizer, convs: list, cfg: Adversary
     engine = Engine(model, tokenizer, batch_size=cfg.sim_batch_size, precision=precision)
     turns_fn = None
     if guide is not None and guide.k > 1:
-        from adversary.guidance import guided_turns
+        from adversary.guidance import guided_turns_fn
 
-        def turns_fn(contexts, goals, personas, seed):
-            return guided_turns(engine, guide, contexts, settings, goals=goals, personas=personas, seed=seed)[0]
+        turns_fn = guided_turns_fn(engine, guide, settings)
     openings = [[m for m in c.messages if m["role"] != "system"][:SEED_USER_TURNS] for c in convs]
     assistant = ReplayAssistant.from_conversations(convs, start_user_turns=SEED_USER_TURNS)
     return simulate_conversations(engine, assistant, settings, contexts=openings, ids=[str(c.id) for c in convs],

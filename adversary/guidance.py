@@ -140,6 +140,16 @@ def guided_turns(engine, guide: Guide, contexts, settings, *, goals=None, person
     return [turns[i * k + j] for i, j in enumerate(pick)], z, pick
 
 
+def guided_turns_fn(engine, guide: Guide, settings):
+    """`guided_turns` as a `generator.dialogue.simulate_conversations` turns_fn: every user turn of a conversation
+    is the one `guide` keeps of its K candidates."""
+
+    def turns_fn(contexts, goals, personas, seed):
+        return guided_turns(engine, guide, contexts, settings, goals=goals, personas=personas, seed=seed)[0]
+
+    return turns_fn
+
+
 def guided_records(engine, guide: Guide, records, settings, *, seed: int = 0, pick_seed: int | None = None):
     """`guided_turns` for real records' contexts, written as `generator.sample.simulate_records` writes them (same
     id, context and conversation id; meta ended / truncated / candidate). -> (records, logodds (n, K), kept (n,))."""

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 

@@ -191,7 +191,8 @@ def score_conversations(arm: str, res: dict, cfg: AdversaryConfig, args, study, 
     panel = _copy.copy(cfg)
     panel.heldout_detectors, panel.heldout_folds = list(study.study_detectors), study.study_folds
     settings, end_bias = heldout_settings(cfg, temperature), None
-    if data.end_contexts:  # end_decision: calibrated, solved once per arm on its own (unguided) turns, as the meter does
+    # end_decision calibrated: the offset solved once per arm on its own (unguided) turns (the meter: per reading)
+    if data.end_contexts:
         end_bias = calibrated_end_bias(model, tok, data.end_contexts, cfg, settings, data.real_end_rate,
                                        study.study_seeds[0], precision=cfg.dtype)
         settings = settings.replace(end_bias=end_bias)
@@ -204,7 +205,8 @@ def score_conversations(arm: str, res: dict, cfg: AdversaryConfig, args, study, 
     keys = [k for k in rows[0] if k.startswith("conv/")]
     doc = {**{k: float(np.nanmean([r[k] for r in rows])) for k in keys},
            "conv/td_sd_over_seeds": float(np.std([r["conv/td"] for r in rows], ddof=1)) if len(rows) > 1 else 0.0,
-           "per_seed": rows, "seconds": round(time.time() - t0, 1), "guide_k": guide.k if guide is not None else 1, "end_bias": end_bias}
+           "per_seed": rows, "seconds": round(time.time() - t0, 1), "guide_k": guide.k if guide is not None else 1,
+           "end_bias": end_bias}
     cache.write_text(json.dumps(doc, default=float))
     print(f"arm {arm}: conversation td {doc['conv/td']:.1f}, termination F1 {doc['conv/termination_f1']:.2f}, "
           f"ends/real {doc['conv/ends_per_real']:.2f} ({len(data.heldout_convs)} conversations x {len(rows)} seeds)",

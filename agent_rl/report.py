@@ -104,8 +104,6 @@ def report(args: ReportArgs) -> dict[str, Any]:
 
 
 def render(result: dict[str, Any]) -> str:
-    from agent_rl.users import short_label
-
     labels = list(result["agents"])
     lines = [f"# Agents against `{result['reference']}` ({result['split']} tasks, gyms: {', '.join(result['gyms'])})",
              "", "| agent | episodes | score [95% CI] | " + " | ".join(f"vs {x}" for x in labels[:-1]) + " |",
