@@ -85,7 +85,9 @@ class StudyConfig:
     study_conversations: int = field(default=0, metadata={
         "help": "Held-out real conversations each arm also continues, once per seed (the meter's conversation level: "
                 "conversation td, termination F1, ends and turns per real; adversary.conversation_meter); 0: turns "
-                "only. Cached per arm, so a rerun with it set adds the level to arms already scored."})
+                "only. A guided arm's turns are its guide's picks here too; with end_decision calibrated, each arm's end "
+                "offset is solved once on its own turns first. Cached per arm, so a rerun with it set adds the level "
+                "to arms already scored."})
 
     def __post_init__(self):
         if not self.arms:
