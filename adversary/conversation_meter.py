@@ -107,11 +107,13 @@ def simulate_heldout_conversations(model, tokenizer, convs: list, cfg: Adversary
                                   max_turns=cfg.conv_max_turns, seed=seed, turns_fn=turns_fn)
 
 
-def measure_conversations(real: list, simulated: list, cfg: MeterArgs, seed: int = 0) -> dict:
-    """The `conv/*` entries of a curve row (see the module docstring)."""
+def measure_conversations(real: list, simulated: list, cfg: MeterArgs, seed: int = 0,
+                          return_scores: bool = False) -> dict:
+    """The `conv/*` entries of a curve row (see the module docstring). With `return_scores`, also "oof": the
+    detectors' out-of-fold scores per conversation item (labels, ids, scores), for paired differences between arms."""
     from conversations.turns import cut_conversations
     from discriminator.conversation import conversation_items
-    from discriminator.turing import measure_td
+    from discriminator.turing import measure_td, oof_record
     from generator.diagnostics import termination_scores
 
     window = SEED_USER_TURNS + cfg.conv_max_turns
@@ -119,7 +121,8 @@ def measure_conversations(real: list, simulated: list, cfg: MeterArgs, seed: int
     rep = measure_td(conversation_items(cut, seed_user_turns=SEED_USER_TURNS),
                      conversation_items([s.to_conversation() for s in simulated], seed_user_turns=SEED_USER_TURNS,
                                         label="@sim"),
-                     detectors=tuple(cfg.heldout_detectors), folds=cfg.heldout_folds, seed=seed)
+                     detectors=tuple(cfg.heldout_detectors), folds=cfg.heldout_folds, seed=seed,
+                     return_scores=return_scores)
     n_real = {str(c.id): sum(m["role"] == "user" for m in c.messages) - SEED_USER_TURNS for c in real}
     pairs, sim_turns, real_turns, real_ends = [], [], [], []
     for s in simulated:
@@ -135,7 +138,9 @@ def measure_conversations(real: list, simulated: list, cfg: MeterArgs, seed: int
     term = termination_scores(pairs)
     real_end_rate = float(np.mean(real_ends)) if real_ends else float("nan")
     sim_end_rate = float(np.mean([s.ended for s in simulated])) if simulated else float("nan")
+    oof = {"oof": oof_record(rep["oof"])} if return_scores else {}
     return {
+        **oof,
         "conv/td": rep["td"], "conv/ci_low": rep["td_ci95"][0], "conv/ci_high": rep["td_ci95"][1],
         "conv/auc": rep["auc"], "conv/conversations": len(simulated),
         "conv/termination_f1": term["termination_f1"], "conv/termination_precision": term["termination_precision"],

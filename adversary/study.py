@@ -344,7 +344,7 @@ def main(argv=None) -> int:
     start_model, plateau = plateau_warm_start(cfg, args, study, data, out)
     (out / "plateau.json").write_text(json.dumps(plateau, indent=2))
     todo = [("warmstart", {}, {})] if study.score_warmstart else []
-    summary, reports = {}, {}
+    summary, reports, conv_reports = {}, {}, {}
     for label, overrides, guide_spec in todo + arms:
         # each arm is trained, then scored at once: an interrupted study keeps every arm it finished
         if label == "warmstart":
@@ -368,13 +368,19 @@ def main(argv=None) -> int:
                 print(f"arm {label}: {res['steps']} steps in {res['wall_seconds']:.0f}s", flush=True)
         summary[label], oofs = score_arm(label, res, cfg, args, study, data, out)
         if study.study_conversations:  # a guided arm's conversations are guided turn by turn, as its turns are
-            summary[label]["conversation"] = score_conversations(label, res, cfg, args, study, data, out,
-                                                                 summary[label]["temperature"])
+            conv, conv_oofs = score_conversations(label, res, cfg, args, study, data, out,
+                                                  summary[label]["temperature"])
+            summary[label]["conversation"] = conv
+            conv_reports[label] = {"td": conv["conv/td"], "oof": conv_oofs}
         reports[label] = {"td": summary[label]["td"], "oof": oofs}
 
     diffs = paired_differences(reports, [r.id for r in data.heldout], study.n_boot, args.seed)
+    # the conversation level's differences: held-out conversations resampled jointly for every arm and seed
+    conv_diffs = paired_differences(conv_reports, [str(c.id) for c in data.heldout_convs], study.n_boot,
+                                    args.seed) if conv_reports else {}
     doc = {"n_contexts": len(data.heldout), "seeds": study.study_seeds, "n_val_contexts": len(data.val),
-           "arm_seconds": study.arm_seconds, "arms": summary, "differences": diffs, "plateau": plateau,
+           "arm_seconds": study.arm_seconds, "arms": summary, "differences": diffs,
+           "conversation_differences": conv_diffs, "plateau": plateau,
            "wall_seconds": round(time.time() - t_start, 1),
            "config": {"adversary": resolved_config(cfg), "grpo": to_jsonable(args), "study": to_jsonable(study)}}
     (out / "study.json").write_text(json.dumps(doc, indent=2, default=float))
@@ -383,6 +389,9 @@ def main(argv=None) -> int:
     plot_study(doc, out / "study.png")
     for k, d in diffs.items():
         print(f"td difference {k}: {d['td_difference']:+.1f} (95% CI {d['ci95'][0]:+.1f} to {d['ci95'][1]:+.1f})")
+    for k, d in conv_diffs.items():
+        print(f"conversation td difference {k}: {d['td_difference']:+.1f} (95% CI {d['ci95'][0]:+.1f} to "
+              f"{d['ci95'][1]:+.1f})")
     print(f"study done in {doc['wall_seconds'] / 60:.1f} min: {out / 'study.json'}")
     return 0
 

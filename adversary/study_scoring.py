@@ -118,7 +118,7 @@ def score_arm(arm: str, res: dict, cfg: AdversaryConfig, args, study, data, out:
     turns in OUT/arms/<arm>.jsonl (the first seed) and <arm>.seed<N>.jsonl (the others), for re-scoring."""
     from adversary.heldout import heldout_settings
     from conversations.loaders import write_jsonl
-    from discriminator.turing import measure_td
+    from discriminator.turing import measure_td, oof_record
     from generator.diagnostics import jsonable, realism_diagnostics
 
     cache = out / "arms" / f"{arm}.score.json"
@@ -138,9 +138,7 @@ def score_arm(arm: str, res: dict, cfg: AdversaryConfig, args, study, data, out:
         write_jsonl(out / "arms" / (f"{arm}.jsonl" if i == 0 else f"{arm}.seed{seed}.jsonl"), sims)
         rep = measure_td(data.heldout, sims, detectors=tuple(study.study_detectors), folds=study.study_folds,
                          seed=args.seed, n_boot=study.n_boot, return_scores=True)
-        oof = rep.pop("oof")
-        oofs.append({"labels": np.asarray(oof["labels"]).tolist(), "ids": list(oof["ids"]),
-                     "scores": {d: np.asarray(v).tolist() for d, v in oof["scores"].items()}})
+        oofs.append(oof_record(rep.pop("oof")))
         per_seed.append({"seed": seed, "td": rep["td"], "td_ci95": rep["td_ci95"], "auc": rep["auc"],
                          "log_loss": rep.get("log_loss"), "headline_detector": rep["headline_detector"],
                          "detectors": {d: {k: v.get(k) for k in ("td", "td_ci95", "auc", "log_loss")}
@@ -173,9 +171,10 @@ def score_arm(arm: str, res: dict, cfg: AdversaryConfig, args, study, data, out:
 
 
 def score_conversations(arm: str, res: dict, cfg: AdversaryConfig, args, study, data, out: Path,
-                        temperature: float) -> dict:
-    """The arm at the conversation level, at its chosen temperature, once per seed: the mean over seeds of every
-    `conv/*` figure and each seed's row. Cached in OUT/arms/<arm>.conv.json."""
+                        temperature: float) -> tuple[dict, list[dict]]:
+    """The arm at the conversation level, at its chosen temperature, once per seed: (the mean over seeds of every
+    `conv/*` figure and each seed's row, the detectors' out-of-fold records, one per seed, for the paired
+    differences). Cached in OUT/arms/<arm>.conv.json; a cache written before it kept those records is scored again."""
     import copy as _copy
 
     from adversary.conversation_meter import (calibrated_end_bias, measure_conversations,
@@ -184,7 +183,9 @@ def score_conversations(arm: str, res: dict, cfg: AdversaryConfig, args, study, 
 
     cache = out / "arms" / f"{arm}.conv.json"
     if cache.exists():
-        return json.loads(cache.read_text())
+        doc = json.loads(cache.read_text())
+        if "oof" in doc:
+            return doc, doc.pop("oof")
     t0 = time.time()
     model, tok = load_arm(res["model_dir"], cfg, args)
     guide = load_guide(res)
@@ -196,19 +197,21 @@ def score_conversations(arm: str, res: dict, cfg: AdversaryConfig, args, study, 
         end_bias = calibrated_end_bias(model, tok, data.end_contexts, cfg, settings, data.real_end_rate,
                                        study.study_seeds[0], precision=cfg.dtype)
         settings = settings.replace(end_bias=end_bias)
-    rows = []
+    rows, oofs = [], []
     for seed in study.study_seeds:
         sims = simulate_heldout_conversations(model, tok, data.heldout_convs, cfg, settings, seed, precision=cfg.dtype,
                                               guide=guide)
-        rows.append({"seed": seed, **measure_conversations(data.heldout_convs, sims, panel, seed=args.seed)})
+        row = measure_conversations(data.heldout_convs, sims, panel, seed=args.seed, return_scores=True)
+        oofs.append(row.pop("oof"))
+        rows.append({"seed": seed, **row})
     del model
     keys = [k for k in rows[0] if k.startswith("conv/")]
     doc = {**{k: float(np.nanmean([r[k] for r in rows])) for k in keys},
            "conv/td_sd_over_seeds": float(np.std([r["conv/td"] for r in rows], ddof=1)) if len(rows) > 1 else 0.0,
            "per_seed": rows, "seconds": round(time.time() - t0, 1), "guide_k": guide.k if guide is not None else 1,
            "end_bias": end_bias}
-    cache.write_text(json.dumps(doc, default=float))
+    cache.write_text(json.dumps({**doc, "oof": oofs}, default=float))
     print(f"arm {arm}: conversation td {doc['conv/td']:.1f}, termination F1 {doc['conv/termination_f1']:.2f}, "
           f"ends/real {doc['conv/ends_per_real']:.2f} ({len(data.heldout_convs)} conversations x {len(rows)} seeds)",
           flush=True)
-    return doc
+    return doc, oofs

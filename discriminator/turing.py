@@ -433,3 +433,10 @@ def measure_td(
             "ids": [it.id for it in items],
         }
     return out
+
+
+def oof_record(oof: dict) -> dict:
+    """The part of `measure_td(..., return_scores=True)["oof"]` that paired differences read, as JSON-ready lists:
+    {"labels", "ids", "scores": {detector: log-odds}}."""
+    return {"labels": np.asarray(oof["labels"]).tolist(), "ids": list(oof["ids"]),
+            "scores": {d: np.asarray(v).tolist() for d, v in oof["scores"].items()}}

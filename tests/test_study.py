@@ -118,3 +118,13 @@ def test_study_smoke(tmp_path):
         assert conv["conv/conversations"] == 20
         assert conv["guide_k"] == (3 if arm == "sft_guided" else 1)  # the guided arm's conversations are guided too
         assert isinstance(conv["end_bias"], float) and 0 <= conv["conv/termination_f1"] <= 1  # the calibrated decision
+    # the conversation level's paired differences: every pair of arms, resampling the same held-out conversations
+    cd = again["conversation_differences"]
+    assert len(cd) == 6 and set(cd) == set(again["differences"])
+    for k, d in cd.items():
+        a, b = k.split("-")
+        assert d["td_difference"] == pytest.approx(again["arms"][a]["conversation"]["conv/td"]
+                                                   - again["arms"][b]["conversation"]["conv/td"])
+        assert d["ci95"][0] <= d["ci95"][1] and 0 <= d["share_of_resamples_a_lower"] <= 1
+    assert "oof" not in again["arms"]["sft"]["conversation"]  # the detectors' records stay in the arm's cache
+    assert len(json.loads((out / "arms" / "sft.conv.json").read_text())["oof"]) == 2  # one per seed
