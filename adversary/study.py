@@ -21,10 +21,12 @@
    (`study_seeds`); the detector panel (`study_detectors`) scores every arm and seed on the same contexts; an arm's
    td is the mean over its seeds, and td differences between arms get a paired bootstrap CI (contexts resampled
    jointly for every arm and seed, the panel maximum recomputed on each resample); realism diagnostics per arm; with
-   `study_conversations`, each arm also continues held-out real conversations (conversation td, termination F1).
+   `study_conversations`, each arm also continues held-out real conversations (conversation td, termination F1),
+   and the arms' conversation td differences get the same paired CI, conversations resampled jointly.
 
-Writes DIR/study.json, DIR/plateau.json, DIR/arms/<arm>.jsonl and <arm>.seed<N>.jsonl (each arm's simulated test
-turns per seed), DIR/arms/<arm>.score.json (the cached scoring), DIR/real.jsonl and DIR/study.png.
+Writes DIR/study.json (`differences` and `conversation_differences`: every pair of arms), DIR/plateau.json,
+DIR/arms/<arm>.jsonl and <arm>.seed<N>.jsonl (each arm's simulated test turns per seed), DIR/arms/<arm>.score.json
+and <arm>.conv.json (the cached scoring, with the detectors' out-of-fold records), DIR/real.jsonl and DIR/study.png.
 """
 
 from __future__ import annotations
@@ -376,8 +378,7 @@ def main(argv=None) -> int:
 
     diffs = paired_differences(reports, [r.id for r in data.heldout], study.n_boot, args.seed)
     # the conversation level's differences: held-out conversations resampled jointly for every arm and seed
-    conv_diffs = paired_differences(conv_reports, [str(c.id) for c in data.heldout_convs], study.n_boot,
-                                    args.seed) if conv_reports else {}
+    conv_diffs = paired_differences(conv_reports, [str(c.id) for c in data.heldout_convs], study.n_boot, args.seed)
     doc = {"n_contexts": len(data.heldout), "seeds": study.study_seeds, "n_val_contexts": len(data.val),
            "arm_seconds": study.arm_seconds, "arms": summary, "differences": diffs,
            "conversation_differences": conv_diffs, "plateau": plateau,

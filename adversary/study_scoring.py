@@ -93,10 +93,11 @@ def pooled_td_ci(oofs, real_ids: list[str], n_boot: int, seed: int) -> list[floa
 def paired_differences(reports: dict, real_ids: list[str], n_boot: int, seed: int) -> dict:
     """td(arm) - td(other) for every pair of arms, each td the mean over its sampling seeds, with a 95% CI from
     resampling held-out contexts jointly (the same resample for every arm and seed). `reports[arm]`: {"td", "oof":
-    one out-of-fold record or a list of them, one per seed}."""
-    from conversations.bootstrap import percentile_ci, resample_counts
-    from conversations.bootstrap import pooled_panel_td
+    one out-of-fold record or a list of them, one per seed}. Fewer than two arms: no pair, {}."""
+    from conversations.bootstrap import percentile_ci, pooled_panel_td, resample_counts
 
+    if len(reports) < 2:
+        return {}
     ctx_index = {rid: i for i, rid in enumerate(real_ids)}
     counts = resample_counts(len(real_ids), n_boot, seed)  # (B, n_ctx): contexts drawn jointly for every arm
     boot = {arm: pooled_panel_td(*_correct_and_contexts(rep["oof"], ctx_index), counts) for arm, rep in reports.items()}

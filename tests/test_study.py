@@ -103,6 +103,7 @@ def test_study_smoke(tmp_path):
     real_ids = [json.loads(x)["id"] for x in (out / "real.jsonl").read_text().splitlines()]
     assert [json.loads(x)["id"] for x in (out / "arms" / "sft.jsonl").read_text().splitlines()] == real_ids
     assert len(study["differences"]["dpo-sft"]["ci95"]) == 2
+    assert study["conversation_differences"] == {}  # no conversation level asked for: no pair to compare
     assert (out / "study.png").stat().st_size > 5000
     # a rerun reuses every trained and scored arm (the same table, nothing trained or scored again) and, asked for
     # the conversation level, adds it to each arm
