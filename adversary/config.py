@@ -29,7 +29,7 @@ RANGES = {
     "round_contexts": ">= 1", "round_samples": ">= 2", "round_min_margin": ">= 0", "max_rounds": ">= 0",
     "eval_rounds": ">= 1", "dpo_beta": "> 0", "dpo_lr": "> 0", "dpo_sft_weight": ">= 0", "dpo_batch_size": ">= 1",
     "dpo_micro_batch": ">= 1", "spin_epochs": ">= 1", "spin_history": ">= 0",
-    "resample_candidates": ">= 2", "resample_real_share": "[0, 1]", "tailr_gamma": "[0, 1]", "heldout_contexts": ">= 20", "heldout_folds": ">= 2", "meter_seeds": ">= 1", "heldout_max_new_tokens": ">= 1",
+    "resample_candidates": ">= 2", "resample_real_share": "[0, 1]", "tailr_gamma": "[0, 1]", "mixce_eta": "[0, 1]", "heldout_contexts": ">= 20", "heldout_folds": ">= 2", "meter_seeds": ">= 1", "heldout_max_new_tokens": ">= 1",
     "sim_batch_size": ">= 1", "sim_temperature": "> 0", "sim_top_p": "(0, 1]", "gate_patience": ">= 1",
     "gate_min_delta": ">= 0", "gate_target_td": "[0, 50]", "gate_smooth": ">= 1", "conv_contexts": ">= 0",
     "conv_max_turns": ">= 1", "end_calibration_contexts": ">= 8", "export_guidance": ">= 1",
@@ -133,15 +133,19 @@ class WarmStartArgs(ConfigPart):
     warmstart_lr: float = field(default=2e-4, metadata={"help": "SFT learning rate."})
     warmstart_max_length: int = field(default=320, metadata={"help": "SFT sequence length in tokens (prompt + turn)."})
     sft_loss: str = field(default="nll", metadata={
-        "help": "Loss of the SFT stages (warm start, the study's continued-SFT arms): nll, or tailr (TaiLr: each "
+        "help": "Loss of the SFT stages (warm start, the study's continued-SFT arms): nll; tailr (TaiLr: each "
                 "token's NLL weighted by p / (tailr_gamma + (1 - tailr_gamma) p), the model's probability of it, "
-                "detached; a non-adversarial control that costs what SFT costs)."})
+                "detached); or mixce (MixCE: weighted by mixce_eta + (1 - mixce_eta) p). tailr and mixce are the "
+                "non-adversarial controls that cost what SFT costs."})
     tailr_gamma: float = field(default=0.5, metadata={"help": "tailr: gamma (0 is plain NLL; 1 weights by p)."})
+    mixce_eta: float = field(default=0.5, metadata={
+        "help": "mixce: the forward cross-entropy's share (1 is plain NLL; 0 weights every token by p, the reverse "
+                "cross-entropy's self-reinforced approximation alone)."})
 
     def _checks(self) -> list:
         return [(self.warmstart_batch_size % self.warmstart_micro_batch == 0, "warmstart_batch_size",
                  "warmstart_batch_size must be a multiple of warmstart_micro_batch"),
-                (self.sft_loss in ("nll", "tailr"), "sft_loss", "sft_loss must be nll or tailr")]
+                (self.sft_loss in ("nll", "tailr", "mixce"), "sft_loss", "sft_loss must be nll, tailr or mixce")]
 
 
 @dataclass

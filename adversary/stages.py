@@ -112,7 +112,8 @@ def warm_start_config(cfg: AdversaryConfig, args, out: Path, steps: int, seed: i
     sft_args = SFTArgs(model=cfg.model, lora_r=cfg.lora_r or 16, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                        max_context_messages=cfg.max_context_messages, max_context_tokens=cfg.max_context_tokens,
                        max_turn_chars=cfg.max_turn_chars, eval_turns=0, save_adapter=False, save_merged=True,
-                       dtype=cfg.dtype, loss=cfg.sft_loss, tailr_gamma=cfg.tailr_gamma, **sft_fields)
+                       dtype=cfg.dtype, loss=cfg.sft_loss, tailr_gamma=cfg.tailr_gamma,
+                       mixce_eta=cfg.mixce_eta, **sft_fields)
     config = sft_config(output_dir=str(out), max_steps=steps, per_device_train_batch_size=cfg.warmstart_micro_batch,
                         gradient_accumulation_steps=cfg.warmstart_batch_size // cfg.warmstart_micro_batch,
                         learning_rate=cfg.warmstart_lr, lr_scheduler_type=lr_scheduler_type,

@@ -62,7 +62,8 @@ class AgentRLArgs(UserSamplingArgs, LoraArgs):
     )
     agent_max_new_tokens: int = field(default=48, metadata={"help": "token limit of one agent turn"})
     agent_temperature: float = field(default=ROLLOUT_TEMPERATURE, metadata={
-        "help": "agent sampling temperature during rollouts (1: the policy as it is; agent_rl.agents says why)"})
+        "help": "agent sampling temperature during rollouts, and of the loss's log-probabilities (TRL's "
+                "`temperature` is set to it; 1: the policy as it is; agent_rl.agents says why)"})
     agent_top_p: float = field(default=ROLLOUT_TOP_P, metadata={"help": "agent nucleus mass during rollouts (1: off)"})
     max_seq_len: int = field(default=2048, metadata={"help": "an episode's token limit (prompt + all turns)"})
     torch_threads: int = field(default=0, metadata={"help": "torch intra-op threads (0: conversations.threads chooses)"})
@@ -300,6 +301,9 @@ def train(args: AgentRLArgs, grpo, callbacks: list | None = None):
         raise ConfigError(
             "per_device_train_batch_size x gradient_accumulation_steps must be a multiple of num_generations"
         )
+    # the loss's log-probabilities are those of the distribution the rollouts sampled: TRL divides the logits by its
+    # own `temperature` (default 1), which would train an agent sampled at 0.7 on its T-1 log-probabilities
+    grpo.temperature, grpo.top_p = args.agent_temperature, args.agent_top_p
     simulator = load_simulator(args.simulator, user_settings(args), batch_size=args.user_batch_size, seed=grpo.seed)
     model, tokenizer = load_generator(args.agent_model)
     prepare_training(model, pick_device(), args.max_seq_len)

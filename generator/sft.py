@@ -68,10 +68,13 @@ class SFTArgs(LoraArgs):
     save_adapter: bool = True
     # also save the adapter merged into the base: a plain model folder the next stage loads as is
     save_merged: bool = True
-    # the token loss: nll, or tailr (each token's NLL weighted by p / (gamma + (1 - gamma) p), p the model's
-    # probability of the token, detached: TaiLr, Ji et al. 2023; down-weights the tokens the model finds unlikely)
+    # the token loss: nll; tailr (each token's NLL weighted by p / (gamma + (1 - gamma) p), p the model's
+    # probability of the token, detached: TaiLr, Ji et al. 2023; down-weights the tokens the model finds unlikely); or
+    # mixce (weighted by eta + (1 - eta) p: MixCE, Zhang et al. 2023, the forward cross-entropy mixed with its
+    # self-reinforced approximation of the reverse one; eta 1 is the NLL)
     loss: str = "nll"
     tailr_gamma: float = 0.5
+    mixce_eta: float = 0.5
 
     def __post_init__(self):
         from conversations.assets import check_model_name
@@ -79,8 +82,8 @@ class SFTArgs(LoraArgs):
         from conversations.precision import normalise_dtype
 
         check_ranges(self, SFT_RANGES)
-        if self.loss not in ("nll", "tailr"):
-            raise ConfigError(f"loss must be nll or tailr, not {self.loss!r}")
+        if self.loss not in TOKEN_LOSSES:
+            raise ConfigError(f"loss must be one of {', '.join(TOKEN_LOSSES)}, not {self.loss!r}")
         self.dtype = normalise_dtype(self.dtype)
         check_model_name(self.model, "model")
 
@@ -89,8 +92,9 @@ SFT_RANGES = {
     "warmup_ratio": "[0, 1)", "lora_r": ">= 1", "lora_alpha": "> 0", "lora_dropout": "[0, 1)",
     "max_context_messages": ">= 0", "max_turn_chars": ">= 1", "max_context_tokens": f">= {_MIN_PROMPT_TOKENS}",
     "train_turns": ">= 1", "eval_turns": ">= 0", "eval_batch_size": ">= 1", "val_frac": "[0, 0.5)",
-    "test_frac": "[0, 0.5)", "tailr_gamma": "[0, 1]",
+    "test_frac": "[0, 0.5)", "tailr_gamma": "[0, 1]", "mixce_eta": "[0, 1]",
 }
+TOKEN_LOSSES = ("nll", "tailr", "mixce")
 # our defaults for TRL's SFTConfig (its own defaults are a GPU's: bf16, 1024 tokens, gradient checkpointing on)
 SFT_CONFIG_DEFAULTS = {
     "output_dir": "outputs/sft", "max_steps": 40, "per_device_train_batch_size": 8, "learning_rate": 2e-4,
@@ -225,7 +229,7 @@ def make_trainer(args: SFTArgs, config, model, tokenizer, train_records: Sequenc
 
     dataset = build_sft_dataset(train_records, tokenizer, max_context_tokens=args.max_context_tokens,
                                 max_length=config.max_length)
-    loss = tailr_loss(args.tailr_gamma) if args.loss == "tailr" else None
+    loss = token_loss(args)
     trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks,
                          compute_loss_func=loss)
     # progress to stderr: stdout carries the CLI's JSON summary only
@@ -238,20 +242,43 @@ def make_trainer(args: SFTArgs, config, model, tokenizer, train_records: Sequenc
     return trainer
 
 
+def token_loss(args: SFTArgs):
+    """`SFTTrainer(compute_loss_func=...)` for `args.loss`: None (TRL's own NLL) for nll."""
+    if args.loss == "tailr":
+        return tailr_loss(args.tailr_gamma)
+    if args.loss == "mixce":
+        return mixce_loss(args.mixce_eta)
+    return None
+
+
 def tailr_loss(gamma: float):
-    """TaiLr's token loss for `SFTTrainer(compute_loss_func=...)`: -sum_t w_t log p_t / n, w_t = p_t / (gamma +
-    (1 - gamma) p_t) with p_t detached; gamma 0 is the plain NLL. `n` is the batch's (accumulated) count of loss
-    tokens, so the gradient accumulation scales as the NLL's does."""
+    """TaiLr's token loss: -sum_t w_t log p_t / n, w_t = p_t / (gamma + (1 - gamma) p_t) with p_t detached; gamma 0
+    is the plain NLL."""
+    return _weighted_token_loss(lambda p: p / (gamma + (1.0 - gamma) * p))
+
+
+def mixce_loss(eta: float):
+    """MixCE's token loss (the self-reinforced form): -sum_t w_t log p_t / n, w_t = eta + (1 - eta) p_t with p_t
+    detached. The reverse cross-entropy's gradient E_model[grad log q] is approximated on the data by weighting each
+    token by the model's own probability of it; eta 1 is the plain NLL. Milder than TaiLr: a token is never weighted
+    below eta."""
+    return _weighted_token_loss(lambda p: eta + (1.0 - eta) * p)
+
+
+def _weighted_token_loss(weight):
+    """-sum_t weight(p_t) log p_t / n over the completion tokens, `weight` of the detached probability p_t. `n` is the
+    batch's (accumulated) count of loss tokens, so gradient accumulation scales as the NLL's does. Only the rows of
+    loss tokens are upcast and normalised: the full (B, T, V) logits in fp32 cost more than the model's own loss."""
     import torch
 
     def loss(outputs, labels, num_items_in_batch=None):
-        logits, target = outputs.logits[:, :-1].float(), labels[:, 1:]  # (B, T-1, V), (B, T-1)
+        target = labels[:, 1:]  # (B, T-1)
         mask = target != -100
-        logp = torch.log_softmax(logits, -1).gather(-1, target.clamp(min=0)[..., None])[..., 0]  # (B, T-1)
-        p = logp.detach().exp()
-        w = p / (gamma + (1.0 - gamma) * p)
+        rows = outputs.logits[:, :-1][mask].float()  # (N, V): the loss tokens' logits
+        logp = -torch.nn.functional.cross_entropy(rows, target[mask], reduction="none")  # (N,)
+        w = weight(logp.detach().exp())
         n = num_items_in_batch if num_items_in_batch is not None else mask.sum()
-        return -(w * logp * mask).sum() / n
+        return -(w * logp).sum() / n
 
     return loss
 

@@ -113,9 +113,9 @@ def test_smoke_training_updates_the_adapter(echo_gym, tmp_path, capsys):
         (AgentRLArgs, GRPOConfig),
         ["--config", str(ROOT / "configs" / "agent_smoke.yaml"), "--gyms", echo_gym, "--output_dir",
          str(tmp_path / "run"), "--torch_threads", "1", "--eval_every", "1", "--eval_simulators", "scripted:oracle",
-         "--eval_gyms", echo_gym],
+         "--eval_gyms", echo_gym, "--agent_temperature", "0.9"],
     )
-    assert args.turn_credit == "r2g" and args.simulator == "scripted:oracle"
+    assert args.turn_credit == "r2g" and args.simulator == "scripted:oracle" and grpo.temperature == 1.0
 
     class Snapshot(TrainerCallback):
         def on_train_begin(self, args_, state, control, model=None, **kw):
@@ -124,6 +124,7 @@ def test_smoke_training_updates_the_adapter(echo_gym, tmp_path, capsys):
     snap = Snapshot()
     summary, trainer = train(args, grpo, callbacks=[snap])
     assert summary["steps"] == 2
+    assert trainer.temperature == 0.9  # the loss reads the log-probabilities of the temperature the rollouts sampled
     logs = summary["log_history"]
     assert len(logs) == 2
     for h in logs:

@@ -1,5 +1,6 @@
 """The objectives behind one interface: a toy objective registered in a few lines runs the main job's phase loop
-end to end; spin and resample_sft run end to end (spin resumes with its pair history); TaiLr's token loss."""
+end to end; spin and resample_sft run end to end (spin resumes with its pair history); TaiLr's and MixCE's token
+losses."""
 
 import json
 from pathlib import Path
@@ -148,9 +149,38 @@ def test_tailr_at_gamma_0_is_the_nll_and_weights_each_token_by_its_probability()
     torch.testing.assert_close(tailr_loss(1.0)(out, labels), want)
     torch.testing.assert_close(tailr_loss(0.5)(out, labels, num_items_in_batch=torch.tensor(4)),
                                -(logp.detach().exp() / (0.5 + 0.5 * logp.detach().exp()) * logp * mask).sum() / 4)
+    # the gradient of the weighted loss is the weighted gradient of log p (the weights carry none)
+    tailr_loss(1.0)(out, labels).backward()
+    grad = logits.grad.clone()
+    logits.grad = None
+    (-(logp.detach().exp() * logp * mask).sum() / mask.sum()).backward()
+    torch.testing.assert_close(logits.grad, grad)
 
 
-def test_the_sft_trainer_takes_the_tailr_loss(tiny_lm_path, tmp_path):
+def test_mixce_at_eta_1_is_the_nll_and_never_weights_a_token_below_eta():
+    from types import SimpleNamespace
+
+    from generator.sft import mixce_loss
+
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(2, 6, 11, generator=g)
+    labels = torch.randint(0, 11, (2, 6), generator=g)
+    labels[:, :3] = -100
+    out = SimpleNamespace(logits=logits)
+    torch.testing.assert_close(mixce_loss(1.0)(out, labels), _nll(logits, labels))
+    logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, labels[:, 1:].clamp(min=0)[..., None])[..., 0]
+    mask = labels[:, 1:] != -100
+    p = logp.exp()
+    for eta in (0.0, 0.3):
+        want = -((eta + (1 - eta) * p) * logp * mask).sum() / mask.sum()
+        torch.testing.assert_close(mixce_loss(eta)(out, labels), want)
+    # eta 0 weights by p alone: TaiLr at gamma 1
+    from generator.sft import tailr_loss
+
+    torch.testing.assert_close(mixce_loss(0.0)(out, labels), tailr_loss(1.0)(out, labels))
+
+
+def test_the_sft_trainer_takes_the_weighted_token_losses(tiny_lm_path, tmp_path):
     from conversations import TurnRecord
     from generator.model import load_generator
     from generator.sft import SFTArgs, make_trainer, sft_config
@@ -159,15 +189,17 @@ def test_the_sft_trainer_takes_the_tailr_loss(tiny_lm_path, tmp_path):
     recs = [TurnRecord(id=f"r{i}", context=[{"role": "user", "content": "hi"}], user_turn="fix it pls") for i in range(4)]
     config = sft_config(output_dir=str(tmp_path), max_steps=1, max_length=256, per_device_train_batch_size=2)
     losses = {}
-    for gamma in (0.0, 1.0):
-        args = SFTArgs(model=tiny_lm_path, loss="tailr", tailr_gamma=gamma, max_context_tokens=64)
+    for name, loss, value in (("tailr0", "tailr", 0.0), ("tailr1", "tailr", 1.0), ("mixce1", "mixce", 1.0),
+                              ("mixce05", "mixce", 0.5)):
+        args = SFTArgs(model=tiny_lm_path, loss=loss, tailr_gamma=value, mixce_eta=value, max_context_tokens=64)
         trainer = make_trainer(args, config, model, tok, recs)
         batch = next(iter(trainer.get_train_dataloader()))
         with torch.no_grad():
-            losses[gamma] = float(trainer.compute_loss(model, dict(batch)))
+            losses[name] = float(trainer.compute_loss(model, dict(batch)))
     plain = make_trainer(SFTArgs(model=tiny_lm_path, max_context_tokens=64), config, model, tok, recs)
     batch = next(iter(plain.get_train_dataloader()))
     with torch.no_grad():
         nll = float(plain.compute_loss(model, dict(batch)))
-    assert losses[0.0] == pytest.approx(nll, rel=1e-4)
-    assert losses[1.0] < nll  # every weight p < 1
+    assert losses["tailr0"] == pytest.approx(nll, rel=1e-4)
+    assert losses["mixce1"] == pytest.approx(nll, rel=1e-4)
+    assert losses["tailr1"] < losses["mixce05"] < nll  # weights p < 0.5 + 0.5 p < 1
