@@ -229,7 +229,9 @@ def make_trainer(args: SFTArgs, config, model, tokenizer, train_records: Sequenc
 
     dataset = build_sft_dataset(train_records, tokenizer, max_context_tokens=args.max_context_tokens,
                                 max_length=config.max_length)
-    loss = token_loss(args)
+    from generator.token_losses import token_loss
+
+    loss = token_loss(args.loss, tailr_gamma=args.tailr_gamma, mixce_eta=args.mixce_eta)
     trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks,
                          compute_loss_func=loss)
     # progress to stderr: stdout carries the CLI's JSON summary only
@@ -240,47 +242,6 @@ def make_trainer(args: SFTArgs, config, model, tokenizer, train_records: Sequenc
     trainer.add_callback(_stderr_log_callback())
     trainer.add_callback(_release_memory_callback(RELEASE_MEMORY_STEPS))
     return trainer
-
-
-def token_loss(args: SFTArgs):
-    """`SFTTrainer(compute_loss_func=...)` for `args.loss`: None (TRL's own NLL) for nll."""
-    if args.loss == "tailr":
-        return tailr_loss(args.tailr_gamma)
-    if args.loss == "mixce":
-        return mixce_loss(args.mixce_eta)
-    return None
-
-
-def tailr_loss(gamma: float):
-    """TaiLr's token loss: -sum_t w_t log p_t / n, w_t = p_t / (gamma + (1 - gamma) p_t) with p_t detached; gamma 0
-    is the plain NLL."""
-    return _weighted_token_loss(lambda p: p / (gamma + (1.0 - gamma) * p))
-
-
-def mixce_loss(eta: float):
-    """MixCE's token loss (the self-reinforced form): -sum_t w_t log p_t / n, w_t = eta + (1 - eta) p_t with p_t
-    detached. The reverse cross-entropy's gradient E_model[grad log q] is approximated on the data by weighting each
-    token by the model's own probability of it; eta 1 is the plain NLL. Milder than TaiLr: a token is never weighted
-    below eta."""
-    return _weighted_token_loss(lambda p: eta + (1.0 - eta) * p)
-
-
-def _weighted_token_loss(weight):
-    """-sum_t weight(p_t) log p_t / n over the completion tokens, `weight` of the detached probability p_t. `n` is the
-    batch's (accumulated) count of loss tokens, so gradient accumulation scales as the NLL's does. Only the rows of
-    loss tokens are upcast and normalised: the full (B, T, V) logits in fp32 cost more than the model's own loss."""
-    import torch
-
-    def loss(outputs, labels, num_items_in_batch=None):
-        target = labels[:, 1:]  # (B, T-1)
-        mask = target != -100
-        rows = outputs.logits[:, :-1][mask].float()  # (N, V): the loss tokens' logits
-        logp = -torch.nn.functional.cross_entropy(rows, target[mask], reduction="none")  # (N,)
-        w = weight(logp.detach().exp())
-        n = num_items_in_batch if num_items_in_batch is not None else mask.sum()
-        return -(w * logp).sum() / n
-
-    return loss
 
 
 # on a CPU, glibc keeps the arenas that batches of every length leave behind: the warm start's resident memory grew

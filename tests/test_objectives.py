@@ -134,7 +134,7 @@ def _nll(logits, labels):
 def test_tailr_at_gamma_0_is_the_nll_and_weights_each_token_by_its_probability():
     from types import SimpleNamespace
 
-    from generator.sft import tailr_loss
+    from generator.token_losses import tailr_loss
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(2, 6, 11, generator=g, requires_grad=True)
@@ -160,7 +160,7 @@ def test_tailr_at_gamma_0_is_the_nll_and_weights_each_token_by_its_probability()
 def test_mixce_at_eta_1_is_the_nll_and_never_weights_a_token_below_eta():
     from types import SimpleNamespace
 
-    from generator.sft import mixce_loss
+    from generator.token_losses import mixce_loss
 
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(2, 6, 11, generator=g)
@@ -175,7 +175,7 @@ def test_mixce_at_eta_1_is_the_nll_and_never_weights_a_token_below_eta():
         want = -((eta + (1 - eta) * p) * logp * mask).sum() / mask.sum()
         torch.testing.assert_close(mixce_loss(eta)(out, labels), want)
     # eta 0 weights by p alone: TaiLr at gamma 1
-    from generator.sft import tailr_loss
+    from generator.token_losses import tailr_loss
 
     torch.testing.assert_close(mixce_loss(0.0)(out, labels), tailr_loss(1.0)(out, labels))
 
