@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from conversations.config import ConfigError
 from generator.model import LoraArgs
+from generator.token_losses import TOKEN_LOSSES
 
 DETECTORS = ("classical", "style", "neural", "embed")
 # every numeric field's natural range (conversations.config.check_ranges: one message naming the key)
@@ -145,7 +146,7 @@ class WarmStartArgs(ConfigPart):
     def _checks(self) -> list:
         return [(self.warmstart_batch_size % self.warmstart_micro_batch == 0, "warmstart_batch_size",
                  "warmstart_batch_size must be a multiple of warmstart_micro_batch"),
-                (self.sft_loss in ("nll", "tailr", "mixce"), "sft_loss", "sft_loss must be nll, tailr or mixce")]
+                (self.sft_loss in TOKEN_LOSSES, "sft_loss", f"sft_loss must be one of {', '.join(TOKEN_LOSSES)}")]
 
 
 @dataclass

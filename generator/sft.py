@@ -32,6 +32,7 @@ from conversations.schema import DataError
 from conversations.seeds import seed_for
 from generator.model import LoraArgs
 from generator.prompts import END_MARKER, PROMPT_FORMAT_VERSION
+from generator.token_losses import TOKEN_LOSSES, token_loss
 from generator.sft_examples import (_MIN_PROMPT_TOKENS, build_sft_dataset, encode_example,  # noqa: F401 re-exported
                                     sft_example, sft_examples)
 
@@ -94,7 +95,6 @@ SFT_RANGES = {
     "train_turns": ">= 1", "eval_turns": ">= 0", "eval_batch_size": ">= 1", "val_frac": "[0, 0.5)",
     "test_frac": "[0, 0.5)", "tailr_gamma": "[0, 1]", "mixce_eta": "[0, 1]",
 }
-TOKEN_LOSSES = ("nll", "tailr", "mixce")
 # our defaults for TRL's SFTConfig (its own defaults are a GPU's: bf16, 1024 tokens, gradient checkpointing on)
 SFT_CONFIG_DEFAULTS = {
     "output_dir": "outputs/sft", "max_steps": 40, "per_device_train_batch_size": 8, "learning_rate": 2e-4,
@@ -229,8 +229,6 @@ def make_trainer(args: SFTArgs, config, model, tokenizer, train_records: Sequenc
 
     dataset = build_sft_dataset(train_records, tokenizer, max_context_tokens=args.max_context_tokens,
                                 max_length=config.max_length)
-    from generator.token_losses import token_loss
-
     loss = token_loss(args.loss, tailr_gamma=args.tailr_gamma, mixce_eta=args.mixce_eta)
     trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks,
                          compute_loss_func=loss)

@@ -3,6 +3,8 @@ of the model's own detached probability of it; the non-adversarial controls of t
 
 from __future__ import annotations
 
+TOKEN_LOSSES = ("nll", "tailr", "mixce")  # the names `SFTArgs.loss` and the main job's `sft_loss` take
+
 
 def token_loss(name: str, tailr_gamma: float = 0.5, mixce_eta: float = 0.5):
     """`SFTTrainer(compute_loss_func=...)` for the loss `name`: None (TRL's own NLL) for nll."""
@@ -29,8 +31,8 @@ def mixce_loss(eta: float):
 
 def _weighted_token_loss(weight):
     """-sum_t weight(p_t) log p_t / n over the completion tokens, `weight` of the detached probability p_t. `n` is the
-    batch's (accumulated) count of loss tokens, so gradient accumulation scales as the NLL's does. Only the rows of
-    loss tokens are upcast and normalised: the full (B, T, V) logits in fp32 cost more than the model's own loss."""
+    batch's (accumulated) count of loss tokens, so gradient accumulation scales as the NLL's does. Only the loss
+    tokens' rows are upcast to fp32 and normalised: (N, V), not the whole (B, T, V)."""
     import torch
 
     def loss(outputs, labels, num_items_in_batch=None):
