@@ -145,10 +145,11 @@ def load_frozen(path: str | Path, device: str | None = None, dtype="auto"):
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    from conversations.assets import whole_weights
+    from conversations.assets import NO_HUB_KERNELS, whole_weights
 
     with whole_weights():  # the frozen simulator is never wrapped by DeepSpeed: not partitioned under ZeRO-3
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, use_safetensors=True)
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, use_safetensors=True,
+                                                     **NO_HUB_KERNELS)
     if device:
         model.to(device)
     # frozen: eval mode, no grad, hashes checked at load

@@ -15,7 +15,10 @@ last line>`; a failed check does not stop the others. The checks:
   generation tokens/s;
 - `agent_rl`: a short agent-RL run (configs/agent_smoke.yaml);
 - `mfu`: LoRA forward + backward of SmolLM2 on the demo's shapes, timed; MFU = 6 x params x tokens/s / the GPU's bf16
-  peak (`--peak_tflops`, 989 for an H100/H200 SXM, dense).
+  peak (`--peak_tflops`, 989 for an H100/H200 SXM, dense);
+- `cuda_tests`: the unit tests that have a CUDA case (skipped on a CPU).
+The GPU machine of a lease has no package index and carries at most 64 MiB: `python bench/gpu_pack.py pack` here
+packs what it lacks (docs/scaling.md, "The GPU check").
 In `--dry-run` (a CPU test keeps this script from rotting) each check parses every config it would launch with the
 job's own parser and then stops with `failed no GPU is visible` (or the one line the job gives for a missing
 engine); anything else is a real failure of the script, and the exit status is 1.
@@ -43,7 +46,9 @@ def sh(cmd: list[str], timeout: float, env=None) -> tuple[int, str]:
     """(exit status, stdout + stderr) of a command run with a time limit (status 124 when it ran out)."""
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                           env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+                           env={**os.environ, **(env or {}),
+                                # the repository first, then whatever the caller put there (carried wheels)
+                                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
         return r.returncode, r.stdout + r.stderr
     except subprocess.TimeoutExpired as e:
         out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
@@ -59,7 +64,9 @@ def last_line(text: str) -> str:
 
 def job(*argv: str, accelerate_config: str | None = None) -> list[str]:
     cfg = ["--config_file", str(ROOT / "configs" / "accelerate" / accelerate_config)] if accelerate_config else []
-    return ["accelerate", "launch", *cfg, "--num_processes", "1", "--mixed_precision", "bf16", *argv]
+    # through the interpreter, not the `accelerate` script: the one that runs is the one on this Python's path
+    return [sys.executable, "-m", "accelerate.commands.launch", *cfg, "--num_processes", "1", "--mixed_precision", "bf16",
+            *argv]
 
 
 def parse_main_job(argv: list[str]) -> None:
@@ -145,7 +152,9 @@ def checks(a, out: Path) -> list[Check]:
                        str(out / "real.jsonl")], 150)
         figs = {}
         if rc == 0:
-            figs["turn_tokens_per_s"] = json.loads(text[text.index("{"):text.rindex("}") + 1]).get("turn_tokens_per_s")
+            # the first JSON object printed (progress bars and warnings may follow it)
+            report, _ = json.JSONDecoder().raw_decode(text[text.index("{"):])
+            figs["turn_tokens_per_s"] = report.get("turn_tokens_per_s")
             rc, text2 = sh([sys.executable, "-m", "discriminator.evaluate", "--real", str(out / "real.jsonl"),
                             "--simulated", str(out / "sim.jsonl"), "--out", str(out / "report.json"), "--quiet"], 150)
             text += text2
@@ -167,20 +176,29 @@ def checks(a, out: Path) -> list[Check]:
 
     def mfu():
         rc, text = sh([sys.executable, __file__, "--mfu_worker", "--peak_tflops", str(a.peak_tflops)], 120)
-        figs = json.loads(text.strip().splitlines()[-1]) if rc == 0 else {}
-        return rc, text, figs
+        # the worker's figures are its last JSON line (loading bars and warnings share the stream)
+        found = [line for line in text.splitlines() if line.startswith("{")]
+        figs = json.loads(found[-1]) if rc == 0 and found else {}
+        return (rc or (0 if found else 1)), text, figs
+
+    def cuda_tests():
+        # the unit tests with a CUDA case (skipped on a CPU)
+        rc, text = sh([sys.executable, "-m", "pytest", "-q", "-rs", "-k", "cuda", "tests/test_generator_sample.py"], 180)
+        return rc, text, {}
 
     return [
         Check("install", 300, install, install_dry),
         main_job("smoke_bf16", ["--config", smoke, "--dtype", "bf16"]),
-        main_job("demo_bf16", ["--config", demo, "--dtype", "bf16", "--max_steps", "6",
-                               "--heldout_contexts", "128"], limit=240),
+        # random weights (bench/gpu_pack.py) write every turn to its token limit: 4 steps took over 240 s on an H200
+        main_job("demo_bf16", ["--config", demo, "--dtype", "bf16", "--max_steps", "4",
+                               "--heldout_contexts", "64"], limit=300),
         main_job("vllm_colocate", ["--config", smoke, "--dtype", "bf16", "--use_vllm", "true", "--vllm_mode", "colocate",
                                    "--vllm_gpu_memory_utilization", "0.3"], limit=240),
         main_job("zero3", ["--config", smoke, "--dtype", "bf16"], accelerate_config="zero3.yaml"),
         Check("heldout", 300, heldout, heldout_dry),
         Check("agent_rl", 120, agent_run, lambda: (parse_agent(["--config", agent, "--dtype", "bf16"]), need_gpu())),
         Check("mfu", 120, mfu, need_gpu),
+        Check("cuda_tests", 180, cuda_tests, need_gpu),
     ]
 
 
@@ -221,10 +239,13 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.mfu_worker:
         return mfu_worker(a.peak_tflops)
+    # $OUT gets the summary and one log (a lease brings back 8 files); the checks' own outputs stay in a work folder
     out = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="gpu_check."))
     out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="gpu_check_work."))
+    log = open(out / "gpu_check.log", "w")
     summary, bad = {"dry_run": a.dry_run, "checks": {}}, 0
-    for c in checks(a, out):
+    for c in checks(a, work):
         if a.only and c.name not in a.only:
             continue
         t0 = time.time()
@@ -240,13 +261,19 @@ def main(argv=None) -> int:
             summary["checks"][c.name] = {"status": "ok" if line.startswith("ok") else "failed", "line": line,
                                          "expected": ok}
         else:
-            rc, text, figs = c.run()
+            try:
+                rc, text, figs = c.run()
+            except Exception as e:  # noqa: BLE001 - a check that breaks is reported, the others still run
+                rc, text, figs = 1, f"{type(e).__name__}: {e}", {}
+            log.write(f"===== {c.name} (exit {rc})\n" + "\n".join(text.splitlines()[-150:]) + "\n")
+            log.flush()
             status = "ok" if rc == 0 else "failed"
             line = f"ok {json.dumps(figs)}" if rc == 0 else f"failed {last_line(text)}"
             bad += rc != 0
             summary["checks"][c.name] = {"status": status, "line": line, "figures": figs,
                                          "seconds": round(time.time() - t0, 1)}
         print(f"{c.name}: {line}", flush=True)
+    log.close()
     (out / "gpu_check.json").write_text(json.dumps(summary, indent=2))
     return 1 if bad else 0
 

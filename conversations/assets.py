@@ -140,6 +140,13 @@ def is_asset(name: str) -> bool:
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 
 
+# Every `from_pretrained` of ours passes these. With the `kernels` package installed (transformers 5 requires it),
+# `use_kernels` defaults to on and, on a GPU, `model.train()` fetches kernels from the hub (seen on an H200 with no
+# network: "Kernel repository 'kernels-community/rotary' could not verify publisher trust status"); nothing of
+# ours downloads at run time.
+NO_HUB_KERNELS = {"use_kernels": False}
+
+
 def hub_offline() -> bool:
     return any(os.environ.get(k, "").lower() in ("1", "true", "yes", "on") for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 

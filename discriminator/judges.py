@@ -100,12 +100,12 @@ class LocalJudge:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from conversations.assets import load_error, resolve_model
+        from conversations.assets import NO_HUB_KERNELS, load_error, resolve_model
 
         path = resolve_model(model_name, "judge model")
         try:
             self.tok = AutoTokenizer.from_pretrained(path)
-            self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+            self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **NO_HUB_KERNELS).eval()
         except (OSError, ValueError) as e:
             raise load_error("judge model", model_name, e) from None
         self.tok.padding_side = "left"

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from conversations import DataError, TurnRecord
-from conversations.assets import resolve_model, whole_weights
+from conversations.assets import NO_HUB_KERNELS, resolve_model, whole_weights
 from conversations.seeds import seed_for
 from discriminator.classical import check_labels
 from discriminator.features import render_pairs
@@ -142,7 +142,8 @@ class NeuralDetector:
             with _quiet_transformers(), torch.random.fork_rng(devices=self._rng_devices()), whole_weights():
                 torch.manual_seed(self.cfg.seed)  # the new classification head starts the same for a given seed
                 model = AutoModelForSequenceClassification.from_pretrained(
-                    path, num_labels=1, dtype=torch.float32, trust_remote_code=self.cfg.trust_remote_code
+                    path, num_labels=1, dtype=torch.float32, trust_remote_code=self.cfg.trust_remote_code,
+                    **NO_HUB_KERNELS,
                 )
         except OSError as e:
             raise DataError(f"cannot load backbone {self.cfg.backbone!r}: {str(e).splitlines()[0]}") from None

@@ -163,7 +163,7 @@ def load_generator(
     trainable when `lora` is given). With `lora` and a plain model, a fresh adapter is added."""
     from transformers import AutoModelForCausalLM
 
-    from conversations.assets import resolve_model, whole_weights
+    from conversations.assets import NO_HUB_KERNELS, resolve_model, whole_weights
 
     path = resolve_model(name_or_path)
     device = pick_device(device)
@@ -182,7 +182,7 @@ def load_generator(
         else:
             with whole_weights():  # under ZeRO-3 the trainer's `prepare` partitions it, not the load
                 model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch_dtype,
-                                                             trust_remote_code=trust_remote_code)
+                                                             trust_remote_code=trust_remote_code, **NO_HUB_KERNELS)
     except (OSError, ValueError) as e:  # no network, no such repo, a folder that is not a causal LM
         raise load_error("model", str(name_or_path), e) from None
     if model.generation_config.pad_token_id is None:

@@ -96,3 +96,22 @@ def test_models_never_wrapped_by_deepspeed_load_whole_under_zero3(tiny_lm_path):
         NeuralDetector("tiny-random-encoder")
     finally:
         hf_ds.unset_hf_deepspeed_config()
+
+
+def test_our_loaders_never_turn_on_hub_kernels(tiny_lm_path, tiny_encoder_path):
+    """transformers 5 with `kernels` installed kernelizes by default, and on a GPU `train()` then fetches kernels from
+    the hub; our loaders turn that off (the plain load, the control here, has it on whenever `kernels` is installed)."""
+    import importlib.util
+
+    from discriminator.neural import NeuralDetector
+    from generator.model import LoraSettings, load_generator
+
+    if importlib.util.find_spec("kernels") is not None:
+        assert AutoModelForCausalLM.from_pretrained(tiny_lm_path).use_kernels is True
+    model, _ = load_generator(tiny_lm_path)
+    assert model.use_kernels is False
+    model.train()  # where the H200 run failed: train() re-kernelizes a model loaded with kernels on
+    assert model.use_kernels is False
+    peft_model, _ = load_generator(tiny_lm_path, lora=LoraSettings(r=4, alpha=8))
+    assert peft_model.get_base_model().use_kernels is False
+    assert NeuralDetector(tiny_encoder_path, device="cpu").model.use_kernels is False

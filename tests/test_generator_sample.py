@@ -328,12 +328,16 @@ def test_nucleus_sampler_rows_of_different_widths_in_one_batch():
         assert (freq - want).abs().max() < 0.03, k  # 6k draws: the standard error is <= 0.0065
 
 
-def test_nucleus_sampler_row_with_no_token_above_any_floor():
-    """A flat row has no candidate at floors above 1/V: it goes to the full sort, and its draws cover the nucleus."""
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no GPU (bench/gpu_check.py runs it on one)"))])
+def test_nucleus_sampler_row_with_no_token_above_any_floor(device):
+    """A flat row has no candidate at floors above 1/V: it goes to the full sort, and its draws cover the nucleus.
+    On a GPU a batch of only such rows once indexed a CPU tensor with GPU indices (random weights on an H200)."""
     vocab, n = 64, 20_000
     torch.manual_seed(0)
-    ids = NucleusSampler(1.0, 0.45, floors=(0.5, 0.1))(torch.zeros(n, vocab))
-    freq = torch.bincount(ids, minlength=vocab).float() / n
+    ids = NucleusSampler(1.0, 0.45, floors=(0.5, 0.1))(torch.zeros(n, vocab, device=device))
+    assert ids.device.type == device
+    freq = torch.bincount(ids.cpu(), minlength=vocab).float() / n
     assert (freq > 0).sum() == 29  # 29 / 64 is the first mass >= 0.45 (ties: which 29 is the sort's choice)
     assert (freq[freq > 0] - 1 / 29).abs().max() < 0.01
 

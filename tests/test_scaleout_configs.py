@@ -160,9 +160,11 @@ def test_gpu_check_dry_run_parses_every_path(tmp_path, monkeypatch):
                        text=True, cwd=ROOT, timeout=300, env={**os.environ, "OUT": str(tmp_path)})
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     lines = dict(line.split(": ", 1) for line in r.stdout.strip().splitlines())
-    assert set(lines) == {"install", "smoke_bf16", "demo_bf16", "vllm_colocate", "zero3", "heldout", "agent_rl", "mfu"}
+    assert set(lines) == {"install", "smoke_bf16", "demo_bf16", "vllm_colocate", "zero3", "heldout", "agent_rl", "mfu",
+                          "cuda_tests"}
     assert all(v.startswith("failed ") for v in lines.values())
     assert "no GPU is visible" in lines["smoke_bf16"] and "no GPU is visible" in lines["agent_rl"]
     assert "vLLM is not installed" in lines["vllm_colocate"] and "use_vllm" in lines["vllm_colocate"]
     summary = json.loads((tmp_path / "gpu_check.json").read_text())
     assert summary["dry_run"] and all(c["expected"] for c in summary["checks"].values())
+
