@@ -280,6 +280,16 @@ def _round(v):
     return round(v, 4) if isinstance(v, float) else v
 
 
+def _gathered_state(trainer) -> dict | None:
+    """Under DeepSpeed ZeRO-3 the trained model holds only this rank's shards (saved as is, every weight is empty:
+    seen on an H200, where the next stage's load failed): its whole state dict gathered (a collective: every rank
+    calls it; `zero3_save_16bit_model: true`). None otherwise: the model in hand is whole."""
+    plugin = trainer.accelerator.state.deepspeed_plugin if getattr(trainer, "is_deepspeed_enabled", False) else None
+    if plugin is None or plugin.zero_stage != 3:
+        return None
+    return trainer.accelerator.get_state_dict(trainer.model_wrapped)
+
+
 def run_sft(
     args: SFTArgs,
     config=None,
@@ -366,15 +376,20 @@ def run_sft(
     # under several processes every rank trained the same model: the main process alone writes it
     main = trainer.is_world_process_zero()
     model = trainer.accelerator.unwrap_model(model)
+    full_state = _gathered_state(trainer)
     if args.use_lora and args.save_adapter:
         adapter_dir = out_dir / "adapter"
         if main:
-            model.save_pretrained(str(adapter_dir))
+            model.save_pretrained(str(adapter_dir), state_dict=full_state)
             tokenizer.save_pretrained(str(adapter_dir))
             _write_info(adapter_dir, args, config, metrics)
     if args.save_merged or not args.use_lora:
         merged_dir = out_dir / "merged"
         if main:
+            if full_state is not None:  # the trained model holds shards: merge a whole copy with the gathered weights
+                model, _ = load_generator(args.model, lora=lora, dtype=training_dtype(args.dtype, device), device="cpu",
+                                          trust_remote_code=config.trust_remote_code)
+                model.load_state_dict(full_state)
             merged = model.merge_and_unload() if args.use_lora else model
             merged.save_pretrained(str(merged_dir), safe_serialization=True)
             tokenizer.save_pretrained(str(merged_dir))

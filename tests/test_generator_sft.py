@@ -149,3 +149,38 @@ def test_sft_config_errors(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--config", str(bad)])
     assert e.value.code == 2 and "did you mean 'max_steps'" in capsys.readouterr().err
+
+
+def test_sft_under_zero3_saves_the_gathered_weights_not_the_shards(tmp_path, capsys, monkeypatch):
+    """Under ZeRO-3 the trained model holds shards (on an H200 the merged folder held empty weights and the next load
+    failed): the saved adapter and merged model come from the gathered state dict. Stood in for on a CPU: the gather
+    returns the trained weights and leaves the live model empty, as shards look from outside DeepSpeed."""
+    import generator.sft as sft
+
+    gathered = {}
+
+    def fake_gather(trainer):
+        gathered.update({k: v.detach().clone() for k, v in trainer.model_wrapped.state_dict().items()})
+        for p in trainer.model.parameters():
+            p.data = torch.empty(0)
+        return dict(gathered)
+
+    monkeypatch.setattr(sft, "_gathered_state", fake_gather)
+    cfg = tmp_path / "sft.yaml"
+    cfg.write_text(
+        "model: tiny-random\nmax_steps: 2\nper_device_train_batch_size: 2\nlearning_rate: 0.01\n"
+        "lora_r: 4\nlora_alpha: 8\neval_turns: 0\nmax_turn_chars: 200\nmax_context_tokens: 96\nmax_length: 160\n"
+    )
+    metrics = main(["--config", str(cfg), "--output_dir", str(tmp_path / "out")])
+    capsys.readouterr()
+    expected, _ = load_generator("tiny-random", lora=LoraSettings(r=4, alpha=8))
+    expected.load_state_dict(gathered)
+    expected = expected.merge_and_unload().state_dict()
+    merged, _ = load_generator(metrics["merged_dir"])
+    for name, w in merged.state_dict().items():
+        assert torch.equal(w, expected[name]), name
+    from_adapter, _ = load_generator(metrics["adapter_dir"])  # the adapter, merged on its base at load
+    for name, w in from_adapter.state_dict().items():
+        assert torch.allclose(w, expected[name], atol=1e-6), name
+    base, _ = load_generator("tiny-random")
+    assert any(not torch.equal(w, base.state_dict()[n]) for n, w in merged.state_dict().items())  # it was trained
