@@ -70,13 +70,15 @@ def oracle_examples(gyms: list[str], max_turns: int | None = None, split: str = 
     return rows
 
 
-def train(args: AgentSFTArgs, sft) -> dict:
+def train(args: AgentSFTArgs, sft, rows: list[dict] | None = None) -> dict:
+    """SFT of `args.agent_model` on `rows` ({prompt, completion, gym}; default: the oracle's turns on the train
+    tasks). An adapter folder as `agent_model` is merged first and the new adapter recorded on top of it."""
     from datasets import Dataset
     from trl import SFTTrainer
 
-    from generator.model import load_generator, pick_device, prepare_training
+    from generator.model import load_generator, pick_device, prepare_training, record_adapter_base
 
-    rows = oracle_examples(args.gym_list, args.max_turns or None)
+    rows = oracle_examples(args.gym_list, args.max_turns or None) if rows is None else rows
     if not rows:
         raise ConfigError("no oracle turns: the gyms have no train tasks")
     model, tok = load_generator(args.agent_model)
@@ -92,6 +94,8 @@ def train(args: AgentSFTArgs, sft) -> dict:
     before = [{"step": 0, **trainer.evaluate()}] if held is not None else []  # the curve's step 0: no update yet
     result = trainer.train()
     trainer.save_model(sft.output_dir)
+    if trainer.accelerator.is_main_process:
+        record_adapter_base(sft.output_dir, args.agent_model)  # else loading it would drop the lower adapter
     summary = {"output_dir": sft.output_dir, "examples": len(rows), "by_gym": {g: sum(r["gym"] == g for r in rows)
                for g in args.gym_list}, "steps": int(result.global_step), "train_loss": float(result.training_loss),
                "train_runtime_s": round(float(result.metrics.get("train_runtime", 0.0)), 1),

@@ -65,8 +65,8 @@ def last_line(text: str) -> str:
 def job(*argv: str, accelerate_config: str | None = None) -> list[str]:
     cfg = ["--config_file", str(ROOT / "configs" / "accelerate" / accelerate_config)] if accelerate_config else []
     # through the interpreter, not the `accelerate` script: the one that runs is the one on this Python's path
-    return [sys.executable, "-m", "accelerate.commands.launch", *cfg, "--num_processes", "1", "--mixed_precision", "bf16",
-            *argv]
+    return [sys.executable, "-m", "accelerate.commands.launch", *cfg, "--num_processes", "1",
+            "--mixed_precision", "bf16", *argv]
 
 
 def parse_main_job(argv: list[str]) -> None:
@@ -183,7 +183,8 @@ def checks(a, out: Path) -> list[Check]:
 
     def cuda_tests():
         # the unit tests with a CUDA case (skipped on a CPU)
-        rc, text = sh([sys.executable, "-m", "pytest", "-q", "-rs", "-k", "cuda", "tests/test_generator_sample.py"], 180)
+        rc, text = sh([sys.executable, "-m", "pytest", "-q", "-rs", "-k", "cuda", "tests/test_generator_sample.py"],
+                      180)
         return rc, text, {}
 
     return [

@@ -36,7 +36,8 @@ PLATFORM = ["--python-version", "3.12", "--implementation", "cp", "--platform", 
 UNPACK_SH = """#!/bin/bash
 # run on the GPU machine from the repository root; written by bench/gpu_pack.py
 set -e
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/wheels/*.whl
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \\
+    .gpu/wheels/*.whl
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target /tmp/site \\
     .gpu/wheels/*.tar.gz || echo "deepspeed: not installed (the zero3 check will say so)"
 export PYTHONPATH=/tmp/site:$PWD MIMESIS_CACHE=/tmp/mimesis-cache

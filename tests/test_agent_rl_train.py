@@ -274,3 +274,53 @@ def test_curve_reading_pairs_tasks_and_averages_repeats():
     assert later["returns"] == {"a": [0.5, 1.0], "b": [1.0]} and later["episodes"] == 6 and later["tasks"] == 3
     assert later["score"] == 87.5  # (0.75 + 1.0) / 2 x 100
     assert later["vs_start"][0] == 37.5 and later["format_ok"] == round(1 - 1 / 12, 4)
+
+
+def _episode(task_id: str, total: float, turns: int = 1):
+    from agent_rl.gyms import EpisodeResult
+
+    msgs = [{"role": "system", "content": "rules"}, {"role": "user", "content": "open"}]
+    for t in range(turns):
+        msgs += [{"role": "assistant", "content": f"turn {t}"}, {"role": "user", "content": f"obs {t}"}]
+    return EpisodeResult("g", task_id, "train", 0, [total], turns, True, False, 1.0, messages=msgs)
+
+
+def test_filtered_bc_keeps_each_tasks_best_above_its_worst_and_the_floor():
+    from agent_rl.filtered_bc import examples, select
+
+    eps = [_episode("a", 0.5), _episode("a", 0.9, turns=2), _episode("a", 0.9),  # best 0.9 (the first of the tie)
+           _episode("b", 0.4), _episode("b", 0.4),  # every sample equal: nothing to learn
+           _episode("c", 0.0), _episode("c", -0.2),  # best not above the floor 0
+           _episode("d", 0.3), _episode("d", 0.1)]
+    kept = select(eps, keep_above=0.0)
+    assert [(e.task_id, e.total, e.turns) for e in kept] == [("a", 0.9, 2), ("d", 0.3, 1)]
+    rows = examples(kept)
+    assert [r["completion"][0]["content"] for r in rows] == ["turn 0", "turn 1", "turn 0"]
+    assert [len(r["prompt"]) for r in rows] == [2, 4, 2]  # the chat before each turn, ending with an observation
+    assert all(r["prompt"][-1]["role"] == "user" for r in rows)
+
+
+def test_filtered_bc_round_trains_on_kept_episodes_and_reads_the_curve(echo_gym, tmp_path, capsys):
+    from trl import SFTConfig
+
+    from agent_rl.filtered_bc import FilteredBCArgs, run
+    from generator.model import load_generator
+
+    args, sft = parse_config((FilteredBCArgs, SFTConfig), [
+        "--agent_model", "tiny-random", "--simulator", "scripted:oracle", "--gyms", echo_gym, "--rounds", "1",
+        "--eval_gyms", echo_gym,
+        "--samples_per_task", "3", "--eval_repeats", "1", "--dtype", "fp32", "--lora_r", "4", "--lora_alpha", "8",
+        "--learning_rate", "0.01", "--per_device_train_batch_size", "2", "--max_length", "512", "--report_to", "none",
+        "--output_dir", str(tmp_path / "fbc"), "--save_strategy", "no", "--bf16", "false"])
+    result = run(args, sft)
+    r1 = result["rounds"][0]
+    assert r1["episodes"] == 3 * 3 and 1 <= r1["tasks_kept"] <= 3 and r1["examples"] >= r1["tasks_kept"]
+    assert r1["steps"] == -(-2 * r1["examples"] // 2)  # epochs 2 over the kept examples, batch 2
+    assert [c["step"] for c in result["curve"]] == [0, 1]
+    assert "vs_start" in result["curve"][1]["simulators"]["scripted:oracle"]
+    # the round's adapter is an agent on the start model, and the weights moved
+    trained, _ = load_generator(str(tmp_path / "fbc" / "round-1"))
+    start, _ = load_generator("tiny-random")
+    assert any(not torch.equal(p, start.state_dict()[n]) for n, p in trained.state_dict().items())
+    # a rerun resumes: nothing left to do, the same curve
+    assert run(args, sft)["curve"] == result["curve"]
