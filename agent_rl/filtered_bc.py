@@ -25,8 +25,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run as a file (accelerate launch): import the package, not its siblings
+    _root = str(Path(__file__).resolve().parents[1])
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+    sys.path.insert(0, _root)
 
 from conversations.cli_util import friendly_errors  # noqa: E402
 from conversations.config import parse_config  # noqa: E402
