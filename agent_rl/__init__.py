@@ -1,7 +1,8 @@
 """Agent RL: agents converse with user simulators across task gyms, are trained with multi-turn GRPO on task rewards,
 and are evaluated against simulators they never trained with. See docs/agent-rl.md.
 
-Entry points: `accelerate launch agent_rl/train.py`, `python -m agent_rl.evaluate`, `python -m agent_rl.compare`,
+Entry points: `accelerate launch agent_rl/train.py` (GRPO), `agent_rl/sft.py` (protocol SFT), `agent_rl/filtered_bc.py`
+(expert iteration), `python -m agent_rl.evaluate`, `python -m agent_rl.compare`,
 `python -m agent_rl.serve`. Heavy dependencies (torch, transformers, trl) load only when a model is used.
 """
 
