@@ -100,8 +100,8 @@ class NucleusSampler:
         cum = p.cumsum(0)  # (n,) over every row's candidates in turn
         count = torch.bincount(r, minlength=b)  # (b,)
         start = (count.cumsum(0) - count).clamp(max=max(len(p) - 1, 0))
-        # no candidate in any row (flat rows: random weights, a high temperature): zeros on x's device, which `before[r]`
-        # below indexes with r (on the CPU any device passes; on a GPU a CPU `before` failed, seen on an H200)
+        # no candidate in any row (flat rows: random weights, a high temperature): zeros on x's device, which
+        # `before[r]` below indexes with r (on the CPU any device passes; on a GPU a CPU `before` failed, on an H200)
         before = torch.where(count > 0, cum[start] - p[start], 0) if len(p) else \
             torch.zeros(b, dtype=p.dtype, device=x.device)
         keep = (cum - p - before[r]) < self.top_p  # the mass ranked above each candidate, in its row
