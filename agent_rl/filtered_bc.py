@@ -8,7 +8,8 @@ agent is evaluated (T 0.7, top-p 0.95, 64 new tokens); per task, the episode wit
 that return is above `keep_above` and above the task's worst (a task every sample solves equally teaches nothing
 new, one no sample scores on teaches the wrong thing); its agent turns become prompt-completion examples, and TRL's
 SFTTrainer trains a LoRA adapter on them on top of the agent (`agent_rl.sft.train`, loss on the completions only).
-The next round samples from that adapter. Before the first round and after each, the agent plays the test tasks
+The next round samples from that adapter (a round that keeps nothing trains nothing, and the next samples from
+the same agent). Before the first round and after each, the agent plays the test tasks
 against `eval_simulators` (`eval_repeats` episodes a task, the same seeds every time), read as `agent_rl.curve`
 reads GRPO's learning curve: the score with its CI and the paired difference to round 0, in OUTPUT_DIR/curve.jsonl.
 
@@ -63,16 +64,21 @@ class FilteredBCArgs(AgentSFTArgs, UserSamplingArgs):
             check_simulator_spec(spec)
 
 
-def play(agent_spec: str, args: FilteredBCArgs, simulator: str, split: str, seeds, gyms: list[str]) -> list:
-    """`EpisodeResult`s of every task of `split` x `seeds` (spec order), sampled as a deployed agent."""
+def load(agent_spec: str, args: FilteredBCArgs):
+    """The agent, sampled as a deployed agent is evaluated (T 0.7, top-p 0.95, 64 new tokens)."""
     from agent_rl.agents import EVAL_TEMPERATURE, EVAL_TOP_P, load_agent
     from agent_rl.curve import EVAL_MAX_NEW_TOKENS
+
+    agent_spec = agent_spec if Path(agent_spec).exists() else f"hf:{agent_spec}"  # a model name: load_agent's form
+    return load_agent(agent_spec, seed=0, max_new_tokens=EVAL_MAX_NEW_TOKENS, temperature=EVAL_TEMPERATURE,
+                      top_p=EVAL_TOP_P, batch_size=args.agent_batch_size)
+
+
+def play(agent, args: FilteredBCArgs, simulator: str, split: str, seeds, gyms: list[str]) -> list:
+    """`EpisodeResult`s of every task of `gyms`' `split` x `seeds` (spec order) against `simulator`."""
     from agent_rl.rollout import episode_specs, run_episodes
     from agent_rl.users import load_simulator, user_settings
 
-    agent_spec = agent_spec if Path(agent_spec).exists() else f"hf:{agent_spec}"  # a model name: load_agent's form
-    agent = load_agent(agent_spec, seed=0, max_new_tokens=EVAL_MAX_NEW_TOKENS, temperature=EVAL_TEMPERATURE,
-                       top_p=EVAL_TOP_P, batch_size=args.agent_batch_size)
     sim = load_simulator(simulator, user_settings(args), batch_size=args.user_batch_size, seed=0)
     return run_episodes(agent, sim, episode_specs(gyms, split, None, seeds, args.max_turns or None))
 
@@ -117,8 +123,8 @@ def run(args: FilteredBCArgs, sft) -> dict:
     def read(step: int, agent_spec: str) -> None:
         if any(r["step"] == step for r in readings):
             return
-        results = {s: play(agent_spec, args, s, "test", range(args.eval_repeats), args.eval_gym_list)
-                   for s in eval_sims}
+        policy = load(agent_spec, args)
+        results = {s: play(policy, args, s, "test", range(args.eval_repeats), args.eval_gym_list) for s in eval_sims}
         rec = {"step": step, "agent": agent_spec,
                "simulators": reading(results, args.eval_gym_list, readings[0]["simulators"] if readings else None)}
         readings.append(rec)
@@ -133,25 +139,26 @@ def run(args: FilteredBCArgs, sft) -> dict:
     for k in range(1, args.rounds + 1):
         rdir = out / f"round-{k}"
         if (rdir / "round.json").exists():  # resumed: this round is done
-            rounds.append(json.loads((rdir / "round.json").read_text()))
+            summary = json.loads((rdir / "round.json").read_text())
+        else:
+            seeds = range((k - 1) * args.samples_per_task, k * args.samples_per_task)  # new seeds every round
+            results = play(load(agent, args), args, args.simulator, "train", seeds, args.gym_list)
+            kept = select(results, args.keep_above)
+            rows = examples(kept)
+            summary = {"round": k, "episodes": len(results),
+                       "mean_return": sum(r.total for r in results) / len(results), "tasks_kept": len(kept),
+                       "examples": len(rows)}
+            if rows:
+                round_sft = copy.deepcopy(sft)
+                round_sft.output_dir = str(rdir)
+                round_sft.max_steps = max(1, math.ceil(args.epochs * len(rows) / batch))
+                trained = sft_train(replace(args, agent_model=agent), round_sft, rows=rows)
+                summary.update(steps=trained["steps"], train_loss=trained["train_loss"])
+            rdir.mkdir(parents=True, exist_ok=True)
+            (rdir / "round.json").write_text(json.dumps(summary, indent=2))
+            print(json.dumps(summary), flush=True)
+        if "steps" in summary:  # the round trained an adapter: the next round samples from it
             agent = str(rdir)
-            read(k, agent)
-            continue
-        seeds = range((k - 1) * args.samples_per_task, k * args.samples_per_task)  # new seeds every round
-        results = play(agent, args, args.simulator, "train", seeds, args.gym_list)
-        kept = select(results, args.keep_above)
-        rows = examples(kept)
-        summary = {"round": k, "episodes": len(results), "mean_return": sum(r.total for r in results) / len(results),
-                   "tasks_kept": len(kept), "examples": len(rows)}
-        if rows:
-            round_sft = copy.deepcopy(sft)
-            round_sft.output_dir, round_sft.max_steps = str(rdir), max(1, math.ceil(args.epochs * len(rows) / batch))
-            trained = sft_train(replace(args, agent_model=agent), round_sft, rows=rows)
-            summary.update(steps=trained["steps"], train_loss=trained["train_loss"])
-            agent = str(rdir)
-        (rdir / "round.json").parent.mkdir(parents=True, exist_ok=True)
-        (rdir / "round.json").write_text(json.dumps(summary, indent=2))
-        print(json.dumps(summary), flush=True)
         rounds.append(summary)
         read(k, agent)
     result = {"output_dir": str(out), "rounds": rounds, "curve": readings}

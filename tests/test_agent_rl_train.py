@@ -324,3 +324,22 @@ def test_filtered_bc_round_trains_on_kept_episodes_and_reads_the_curve(echo_gym,
     assert any(not torch.equal(p, start.state_dict()[n]) for n, p in trained.state_dict().items())
     # a rerun resumes: nothing left to do, the same curve
     assert run(args, sft)["curve"] == result["curve"]
+
+
+def test_filtered_bc_round_that_keeps_nothing_leaves_the_agent_as_it_was(echo_gym, tmp_path, capsys):
+    """No episode above the floor: no adapter, and the reading after the round (and after a resume) is of the start
+    agent."""
+    from trl import SFTConfig
+
+    from agent_rl.filtered_bc import FilteredBCArgs, run
+
+    args, sft = parse_config((FilteredBCArgs, SFTConfig), [
+        "--agent_model", "tiny-random", "--gyms", echo_gym, "--eval_gyms", echo_gym, "--rounds", "1",
+        "--samples_per_task", "2", "--keep_above", "1000", "--eval_repeats", "1", "--dtype", "fp32",
+        "--report_to", "none", "--output_dir", str(tmp_path / "fbc"), "--bf16", "false"])
+    result = run(args, sft)
+    assert result["rounds"][0]["examples"] == 0 and "steps" not in result["rounds"][0]
+    assert not (tmp_path / "fbc" / "round-1" / "adapter_config.json").exists()
+    assert [c["agent"] for c in result["curve"]] == ["tiny-random", "tiny-random"]
+    assert result["curve"][1]["simulators"]["scripted:oracle"]["vs_start"][0] == 0.0  # the same agent, same seeds
+    assert run(args, sft)["curve"] == result["curve"]
