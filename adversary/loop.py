@@ -15,6 +15,7 @@ from transformers import TrainerCallback
 from adversary.cotrain import CoTrainCallback, FaultCounter
 from adversary.reward import build_rewards
 from adversary.trainer_parts import TimeBudget
+from conversations.assets import before_another_trainer
 
 if TYPE_CHECKING:
     from adversary.config import AdversaryConfig, DataArgs
@@ -191,6 +192,7 @@ def grpo_trainer(cfg: AdversaryConfig, args, model, tokenizer, train_dataset, re
             os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental
             rollout = EngineRollout(tokenizer, EngineRollout.settings_from(args), precision=cfg.dtype,
                                     batch_size=cfg.sim_batch_size, seed=args.seed, merge_lora=cfg.heldout_merge_lora)
+    before_another_trainer()
     trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
                           processing_class=tokenizer, peft_config=cfg.peft_config(),
                           callbacks=callbacks, rollout_func=rollout)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from conversations.assets import before_another_trainer
 from conversations.schema import TurnRecord
 from conversations.seeds import seed_for
 
@@ -112,6 +113,7 @@ def train_round(cfg: AdversaryConfig, args, model, tokenizer, rows: list[dict], 
     from generator.model import pick_device, prepare_training
 
     prepare_training(model, pick_device(), cfg.warmstart_max_length + cfg.heldout_max_new_tokens)
+    before_another_trainer()
     trainer = DPOTrainer(model=model, args=dpo_config(cfg, args, out, epochs), train_dataset=dpo_dataset(rows, tokenizer, cfg),
                          processing_class=tokenizer, callbacks=[TimeBudget(budget_left)] if budget_left else None)
     from transformers.trainer_callback import PrinterCallback, ProgressCallback

@@ -76,6 +76,8 @@ def train(args: AgentSFTArgs, sft, rows: list[dict] | None = None) -> dict:
     from datasets import Dataset
     from trl import SFTTrainer
 
+    from conversations.assets import before_another_trainer
+
     from generator.model import load_generator, pick_device, prepare_training, record_adapter_base
 
     rows = oracle_examples(args.gym_list, args.max_turns or None) if rows is None else rows
@@ -89,6 +91,7 @@ def train(args: AgentSFTArgs, sft, rows: list[dict] | None = None) -> dict:
         held = Dataset.from_list([{"prompt": r["prompt"], "completion": r["completion"]}
                                   for r in oracle_examples(args.gym_list, args.max_turns or None, split="test")])
         sft.eval_strategy, sft.eval_steps = "steps", args.curve_every
+    before_another_trainer()
     trainer = SFTTrainer(model=model, args=sft, train_dataset=data, eval_dataset=held, processing_class=tok,
                          peft_config=args.peft_config())
     before = [{"step": 0, **trainer.evaluate()}] if held is not None else []  # the curve's step 0: no update yet

@@ -28,6 +28,7 @@ import logging  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from typing import Any  # noqa: E402
 
+from conversations.assets import before_another_trainer  # noqa: E402
 from conversations.cli_util import friendly_errors  # noqa: E402
 from conversations.config import ConfigError, dump_config, parse_config  # noqa: E402
 from conversations.seeds import derive_seed, seed_for  # noqa: E402
@@ -317,6 +318,7 @@ def train(args: AgentRLArgs, grpo, callbacks: list | None = None):
         callbacks = [*(callbacks or []), curve]
     lora = args.peft_config()
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    before_another_trainer()
     trainer = _trainer_class()(
         model=model,
         reward_funcs=[trajectory_reward],

@@ -234,7 +234,7 @@ def mfu_worker(peak_tflops: float) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dry-run", action="store_true", help="on a CPU: parse every path's config, expect 'no GPU'")
-    p.add_argument("--only", nargs="*", default=None, help="run these checks only")
+    p.add_argument("--only", nargs="*", default=None, help="run these checks only, in this order")
     p.add_argument("--peak_tflops", type=float, default=989.0, help="the GPU's dense bf16 peak (H100/H200 SXM: 989)")
     p.add_argument("--mfu_worker", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -246,9 +246,12 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="gpu_check_work."))
     log = open(out / "gpu_check.log", "w")
     summary, bad = {"dry_run": a.dry_run, "checks": {}}, 0
-    for c in checks(a, work):
-        if a.only and c.name not in a.only:
-            continue
+    todo = checks(a, work)
+    if a.only:
+        # in the order asked: a lease's call can run out, and what matters most goes first
+        by_name = {c.name: c for c in todo}
+        todo = [by_name[n] for n in a.only if n in by_name]
+    for c in todo:
         t0 = time.time()
         if a.dry_run:
             try:
@@ -274,8 +277,9 @@ def main(argv=None) -> int:
             summary["checks"][c.name] = {"status": status, "line": line, "figures": figs,
                                          "seconds": round(time.time() - t0, 1)}
         print(f"{c.name}: {line}", flush=True)
+        # after every check, so a call cut off at its limit still brings back what ran
+        (out / "gpu_check.json").write_text(json.dumps(summary, indent=2))
     log.close()
-    (out / "gpu_check.json").write_text(json.dumps(summary, indent=2))
     return 1 if bad else 0
 
 

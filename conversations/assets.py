@@ -228,6 +228,21 @@ def whole_weights():
         hf_ds._hf_deepspeed_config_weak_ref = ref
 
 
+def before_another_trainer() -> None:
+    """Call before building a Trainer. Under DeepSpeed, transformers gives every TrainingArguments its own
+    DeepSpeedPlugin, and accelerate refuses a second Accelerator with a plugin once the first one's state exists
+    ("You cannot pass in a `deepspeed_plugin` when creating a second `Accelerator`", seen on an H200 under ZeRO-3).
+    Our jobs build several trainers in one process (the warm start's SFT, then GRPO or one DPO trainer a round), one
+    after the other: this clears accelerate's shared AcceleratorState so that the next trainer's Accelerator is made
+    from its own plugin. The process group and PartialState stay. Outside DeepSpeed this does nothing."""
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import DistributedType
+
+    shared = AcceleratorState._shared_state
+    if shared.get("distributed_type") == DistributedType.DEEPSPEED:
+        AcceleratorState._reset_state(reset_partial_state=False)
+
+
 if __name__ == "__main__":  # python -m conversations.assets: build every embedded asset now
     for a in ASSETS:
         print(json.dumps({"asset": a, "path": resolve_model(a)}))

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from conversations import TurnRecord
+from conversations.assets import before_another_trainer
 from conversations.cli_util import friendly_errors
 from conversations.config import ConfigError, parse_config, to_jsonable
 from conversations.schema import DataError
@@ -230,6 +231,7 @@ def make_trainer(args: SFTArgs, config, model, tokenizer, train_records: Sequenc
     dataset = build_sft_dataset(train_records, tokenizer, max_context_tokens=args.max_context_tokens,
                                 max_length=config.max_length)
     loss = token_loss(args.loss, tailr_gamma=args.tailr_gamma, mixce_eta=args.mixce_eta)
+    before_another_trainer()
     trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks,
                          compute_loss_func=loss)
     # progress to stderr: stdout carries the CLI's JSON summary only

@@ -115,3 +115,30 @@ def test_our_loaders_never_turn_on_hub_kernels(tiny_lm_path, tiny_encoder_path):
     peft_model, _ = load_generator(tiny_lm_path, lora=LoraSettings(r=4, alpha=8))
     assert peft_model.get_base_model().use_kernels is False
     assert NeuralDetector(tiny_encoder_path, device="cpu").model.use_kernels is False
+
+
+def test_before_another_trainer_clears_only_a_deepspeed_accelerator_state():
+    """Under DeepSpeed accelerate refuses a second Accelerator made with a plugin (every Trainer brings its own): the
+    shared AcceleratorState is cleared before the next trainer, the PartialState (the process group) kept; under any
+    other engine nothing is touched."""
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType
+
+    from conversations.assets import before_another_trainer
+
+    saved, saved_partial = dict(AcceleratorState._shared_state), dict(PartialState._shared_state)
+    try:
+        AcceleratorState._shared_state.clear()
+        AcceleratorState._shared_state.update(distributed_type=DistributedType.MULTI_CPU, mixed_precision="no")
+        before_another_trainer()
+        assert AcceleratorState._shared_state == {"distributed_type": DistributedType.MULTI_CPU, "mixed_precision": "no"}
+        AcceleratorState._shared_state["distributed_type"] = DistributedType.DEEPSPEED
+        PartialState._shared_state["marker"] = "kept"
+        before_another_trainer()
+        assert AcceleratorState._shared_state == {}
+        assert PartialState._shared_state["marker"] == "kept"
+    finally:
+        AcceleratorState._shared_state.clear()
+        AcceleratorState._shared_state.update(saved)
+        PartialState._shared_state.clear()
+        PartialState._shared_state.update(saved_partial)
