@@ -129,9 +129,10 @@ def test_before_another_trainer_clears_only_a_deepspeed_accelerator_state():
     saved, saved_partial = dict(AcceleratorState._shared_state), dict(PartialState._shared_state)
     try:
         AcceleratorState._shared_state.clear()
-        AcceleratorState._shared_state.update(distributed_type=DistributedType.MULTI_CPU, mixed_precision="no")
+        other = {"distributed_type": DistributedType.MULTI_CPU, "mixed_precision": "no"}
+        AcceleratorState._shared_state.update(other)
         before_another_trainer()
-        assert AcceleratorState._shared_state == {"distributed_type": DistributedType.MULTI_CPU, "mixed_precision": "no"}
+        assert AcceleratorState._shared_state == other
         AcceleratorState._shared_state["distributed_type"] = DistributedType.DEEPSPEED
         PartialState._shared_state["marker"] = "kept"
         before_another_trainer()
