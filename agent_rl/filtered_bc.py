@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,7 +81,16 @@ def play(agent, args: FilteredBCArgs, simulator: str, split: str, seeds, gyms: l
     from agent_rl.users import load_simulator, user_settings
 
     sim = load_simulator(simulator, user_settings(args), batch_size=args.user_batch_size, seed=0)
-    return run_episodes(agent, sim, episode_specs(gyms, split, None, seeds, args.max_turns or None))
+    specs = episode_specs(gyms, split, None, seeds, args.max_turns or None)
+    # a round against a language-model user runs for tens of minutes: say how far it is, about every tenth
+    t0, every, done = time.time(), max(1, len(specs) // 10), [0]
+
+    def progress(_i, _result):
+        done[0] += 1
+        if done[0] % every == 0 or done[0] == len(specs):
+            print(f"  {split} vs {simulator}: {done[0]}/{len(specs)} episodes ({time.time() - t0:.0f}s)", flush=True)
+
+    return run_episodes(agent, sim, specs, on_result=progress)
 
 
 def select(results, keep_above: float) -> list:

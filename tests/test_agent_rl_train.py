@@ -318,6 +318,8 @@ def test_filtered_bc_round_trains_on_kept_episodes_and_reads_the_curve(echo_gym,
     assert r1["steps"] == -(-2 * r1["examples"] // 2)  # epochs 2 over the kept examples, batch 2
     assert [c["step"] for c in result["curve"]] == [0, 1]
     assert "vs_start" in result["curve"][1]["simulators"]["scripted:oracle"]
+    out = capsys.readouterr().out  # progress as the episodes finish: the round's 9, each reading's one test task
+    assert "train vs scripted:oracle: 9/9 episodes" in out and out.count("test vs scripted:oracle: 1/1 episodes") == 2
     # the round's adapter is an agent on the start model, and the weights moved
     trained, _ = load_generator(str(tmp_path / "fbc" / "round-1"))
     start, _ = load_generator("tiny-random")
