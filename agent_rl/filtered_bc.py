@@ -83,12 +83,13 @@ def play(agent, args: FilteredBCArgs, simulator: str, split: str, seeds, gyms: l
     sim = load_simulator(simulator, user_settings(args), batch_size=args.user_batch_size, seed=0)
     specs = episode_specs(gyms, split, None, seeds, args.max_turns or None)
     # a round against a language-model user runs for tens of minutes: say how far it is, about every tenth
-    t0, every, done = time.time(), max(1, len(specs) // 10), [0]
+    t0, every, done = time.time(), max(1, len(specs) // 10), 0
 
     def progress(_i, _result):
-        done[0] += 1
-        if done[0] % every == 0 or done[0] == len(specs):
-            print(f"  {split} vs {simulator}: {done[0]}/{len(specs)} episodes ({time.time() - t0:.0f}s)", flush=True)
+        nonlocal done
+        done += 1
+        if done % every == 0 or done == len(specs):
+            print(f"  {split} vs {simulator}: {done}/{len(specs)} episodes ({time.time() - t0:.0f}s)", flush=True)
 
     return run_episodes(agent, sim, specs, on_result=progress)
 
