@@ -280,9 +280,9 @@ def table(rows: list[dict]) -> str:
 @friendly_errors
 def main(argv=None) -> int:
     a = parse(argv)
-    from conversations.threads import apply_threads
+    from conversations.cli_util import start_process
 
-    apply_threads()
+    start_process()
     from adversary.study_scoring import paired_differences
     from adversary.train import quiet_libraries
     from conversations import write_jsonl

@@ -163,9 +163,9 @@ def main(argv=None) -> int:
     quiet_libraries()
     argv = ["--output_dir" if a == "--out" else a for a in (sys.argv[1:] if argv is None else argv)]
     cfg, args, guided = parse_job((GuidedConfig,), argv, prog="python -m adversary.guided")
-    from conversations.threads import apply_threads
+    from conversations.cli_util import start_process
 
-    apply_threads()
+    start_process()
     t_start = time.time()
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)

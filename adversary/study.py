@@ -324,9 +324,9 @@ def main(argv=None) -> int:
 
     quiet_libraries()
     cfg, args, study = parse(argv)
-    from conversations.threads import apply_threads
+    from conversations.cli_util import start_process
 
-    apply_threads()
+    start_process()
     t_start = time.time()
     out = Path(args.output_dir)
     cfg.heldout_contexts = study.study_contexts

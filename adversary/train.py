@@ -74,9 +74,9 @@ def main(argv=None) -> int:
     t_start = time.time()
     quiet_libraries()  # first: parsing TRL's config already warns about renamed transformers fields
     cfg, args = parse_args(argv)
-    from conversations.threads import apply_threads
+    from conversations.cli_util import start_process
 
-    threads = apply_threads(announce=True)  # before any model: accelerate's bare launcher would leave one core of the machine
+    threads = start_process(announce=True)  # before any model: accelerate's bare launcher would leave one core of the machine
     from generator.model import check_vllm
 
     check_vllm(args.use_vllm)  # before any model loads: one line, not TRL's ImportError from inside the trainer

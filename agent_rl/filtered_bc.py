@@ -183,7 +183,7 @@ def main(argv=None) -> int:
 
     from conversations.config import given_keys
     from conversations.precision import apply_precision, run_precision
-    from conversations.threads import apply_threads
+    from conversations.cli_util import start_process
     from generator.sft import SFT_CONFIG_DEFAULTS
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -191,7 +191,7 @@ def main(argv=None) -> int:
                 "gradient_accumulation_steps": 2, "logging_steps": 10, "learning_rate": 1e-4,
                 "lr_scheduler_type": "constant", "output_dir": "runs/agent-fbc"}
     args, sft = parse_config((FilteredBCArgs, SFTConfig), argv, prog="agent_rl/filtered_bc.py", defaults=defaults)
-    apply_threads()
+    start_process()
     args.dtype = run_precision(args.dtype, sft, *given_keys(argv))
     apply_precision(sft, args.dtype)
     print(json.dumps({k: v for k, v in run(args, sft).items() if k != "curve"}))

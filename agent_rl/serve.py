@@ -302,9 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.judge_upstream and not a.userrl:
         raise DataError("--judge-upstream needs --userrl (only UserRL's judge calls are forwarded)")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from conversations.threads import apply_threads
+    from conversations.cli_util import start_process
 
-    apply_threads()
+    start_process()
     spec = a.simulator if ":" in a.simulator else f"frozen:{a.simulator}"
     if a.guidance is not None:
         if a.guidance < 1:

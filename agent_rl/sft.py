@@ -124,9 +124,9 @@ def main(argv=None) -> int:
                 "gradient_accumulation_steps": 2, "logging_steps": 10, "max_steps": 60, "lr_scheduler_type": "constant",
                 "output_dir": "runs/agent-sft"}
     args, sft = parse_config((AgentSFTArgs, SFTConfig), argv, prog="agent_rl/sft.py", defaults=defaults)
-    from conversations.threads import apply_threads
+    from conversations.cli_util import start_process
 
-    apply_threads()
+    start_process()
     args.dtype = run_precision(args.dtype, sft, *given_keys(argv))
     apply_precision(sft, args.dtype)
     print(json.dumps(train(args, sft)))

@@ -368,9 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     from conversations.precision import apply_precision, run_precision
 
     args, grpo = parse_config((AgentRLArgs, GRPOConfig), argv, prog="agent_rl/train.py")
-    from conversations.threads import apply_threads
+    from conversations.cli_util import start_process
 
-    apply_threads()
+    start_process()
     args.dtype = run_precision(args.dtype, grpo, *given_keys(argv))
     apply_precision(grpo, args.dtype)
     check_vllm(grpo.use_vllm)

@@ -32,13 +32,25 @@ def friendly_errors(main):
 
 def parse_cli(types: tuple, argv, prog: str) -> tuple:
     """A CLI's prologue: INFO logging, its typed config parsed (`conversations.config.parse_config`: YAML presets and
-    `--key value`), the thread count chosen (`conversations.threads.apply_threads`). Returns the parsed objects."""
+    `--key value`), the process started (`start_process`: threads, garbage collector). Returns the parsed objects."""
     import logging
 
     from conversations.config import parse_config
-    from conversations.threads import apply_threads
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     parsed = parse_config(types, argv, prog=prog)
-    apply_threads()
+    start_process()
     return parsed
+
+
+def start_process(announce: bool | None = None):
+    """Every entry point's start, after parsing and before any model: the thread count
+    (`conversations.threads.apply_threads`: a bare `accelerate launch` would leave one core), then the libraries
+    imported so far frozen out of the garbage collector's scans (`conversations.memory.freeze_startup`). Returns the
+    `ThreadChoice`."""
+    from conversations.memory import freeze_startup
+    from conversations.threads import apply_threads
+
+    choice = apply_threads(announce=announce)
+    freeze_startup()
+    return choice

@@ -145,9 +145,9 @@ def run_judge(args) -> int:
 @friendly_errors
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from conversations.threads import apply_threads
+    from conversations.cli_util import start_process
 
-    apply_threads()
+    start_process()
     detectors = [d for arg in args.detectors for d in arg.split(",") if d]
     unknown = [d for d in detectors if d not in detector_names()]
     if unknown:

@@ -420,9 +420,9 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     argv = list(sys.argv[1:] if argv is None else argv)
     args, config = parse_config((SFTArgs, SFTConfig), argv, prog="python -m generator.sft", defaults=SFT_CONFIG_DEFAULTS)
-    from conversations.threads import apply_threads
+    from conversations.cli_util import start_process
 
-    apply_threads()
+    start_process()
     metrics = run_sft(args, config)
     print(json.dumps(_jsonable(metrics), indent=2))
     return metrics

@@ -134,9 +134,9 @@ class SimulateArgs:
 def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     (args,) = parse_config((SimulateArgs,), argv, prog="python -m generator.simulate")
-    from conversations.threads import apply_threads
+    from conversations.cli_util import start_process
 
-    apply_threads()
+    start_process()
 
     from conversations.precision import inference_dtype, resolve_precision
     from generator.data import load_turns, sample_records

@@ -85,3 +85,13 @@ def scripted_endpoint():
     yield start
     for e in made:
         e.close()
+
+
+def pytest_collection_finish(session):
+    """What the test modules imported (torch, transformers, TRL: ~460k objects), frozen out of the garbage collector's
+    scans before any test builds a model, as every entry point does (`conversations.cli_util.start_process`): the
+    `gc.collect()` of `release_memory` then walks what the tests made, not the libraries, and an entry point's `main()`
+    called in this process later does not freeze a fixture's model."""
+    from conversations.memory import freeze_startup
+
+    freeze_startup()
