@@ -281,6 +281,7 @@ def test_engine_min_new_tokens_and_cancel(tiny):
     (1.0, 0.9, 0, (1e-4,), 256),    # the same through the vocabulary's blocks
     (1.3, 0.95, 0, (0.2,), 16),     # nucleus wider than the candidates: the full-sort rows
     (1.3, 0.95, 0, (0.3, 0.01), 256),  # two floors (blocks), then the full sort
+    (20.0, 0.9, 0, (3e-5, 1e-5), 256),  # a high temperature: no token as likely as FLAT / V, the cut by value
     (0.7, 1.0, 0, (0.5,), 16),      # no top-p: every token can be drawn
     (1.0, 0.8, 4, (0.5,), 16),      # top-k, then top-p within it
 ])
