@@ -343,6 +343,33 @@ def test_nucleus_sampler_row_with_no_token_above_any_floor(device):
     assert (freq[freq > 0] - 1 / 29).abs().max() < 0.01
 
 
+def test_flat_rows_cut_the_nucleus_where_transformers_does():
+    """Rows with no token as likely as FLAT / V (random weights, a high temperature) are cut by value, from the
+    bottom: from the smallest m scores (1,024 of 4,096 here), or from all of them for a row whose m smallest hold
+    too little (half the vocabulary nearly impossible). The cut keeps exactly the tokens transformers' top-p keeps,
+    and no draw falls outside them."""
+    from transformers import TopPLogitsWarper
+
+    g = torch.Generator().manual_seed(4)
+    V = 4096
+    flat = torch.randn(V, generator=g) * 0.3
+    tail = flat.clone()
+    tail[: V // 2] = -30.0
+    rows = torch.stack([flat, tail])  # (2, V)
+    sampler = NucleusSampler(1.0, 0.9)
+    norm = rows.logsumexp(-1)
+    assert ((rows.amax(-1) - norm).exp() * V < sampler.FLAT).all()  # both rows take the flat path
+    torch.manual_seed(0)
+    ids = sampler(rows.repeat(2000, 1)).view(2000, 2)
+    for k, found_in_m in ((0, True), (1, False)):
+        keep = TopPLogitsWarper(0.9)(None, rows[k : k + 1].clone())[0] > float("-inf")  # (V,)
+        assert keep[ids[:, k]].all()
+        n, cut = sampler._flat_cut(rows[k : k + 1], norm[k : k + 1], 1024)
+        assert (int(n) > 0) == found_in_m
+        n, cut = sampler._flat_cut(rows[k : k + 1], norm[k : k + 1], V)
+        assert int(n) == int(keep.sum()) and float(cut) == float(rows[k][keep].min())
+
+
 def test_nucleus_sampler_is_seeded_by_the_torch_rng():
     scores = torch.randn(8, 100)
     torch.manual_seed(3)
