@@ -1,14 +1,15 @@
 """The sampler of the engine against the one before it, on logits the engine produced (issue: throughput).
 
     python bench/bench_sampler.py                 # SmolLM2-135M, the demo preset's held-out settings
-    python bench/bench_sampler.py --tiny          # the tiny random model (a check of the script, not a figure)
+    python bench/bench_sampler.py --tiny          # the tiny random model: every row flat (the tests' sampler)
 
 The engine simulates the preset's first `--contexts` held-out contexts in batches of the preset's `sim_batch_size`
 and every `--every`-th sampler input (the logits of one decoding step, (rows, vocab)) is kept. On those logits,
 interleaved call by call: `generator.engine.NucleusSampler` (the nucleus among the tokens above probability floors)
 and `TopKCandidates` (the engine's sampler before: the nucleus among `topk(256)`, then `topk(4096)`, then a full
-sort). Reported: ms a call (median over the calls of the sum of `--repeats` timings), the ratio, the nucleus sizes
-over every kept row and how many rows each of the new sampler's floors served. Prints one JSON line."""
+sort), and the floors without the cut by value of flat rows (`FLAT`: what the tiny random model's rows take).
+Reported: ms a call (median over the calls of the sum of `--repeats` timings), the ratios, the nucleus sizes over
+every kept row, how many rows each of the new sampler's floors served and how many were flat. Prints one JSON line."""
 
 from __future__ import annotations
 
@@ -115,6 +116,8 @@ def main(argv=None) -> int:
 
     new = NucleusSampler(s.temperature, s.top_p, s.top_k)
     old = TopKCandidates(s.temperature, s.top_p, s.top_k)
+    no_cut = NucleusSampler(s.temperature, s.top_p, s.top_k)
+    no_cut.FLAT = 1e-12  # every row through the floors: the sampler before flat rows were cut by value
     served = [0] * (len(new.floors) + 1)
     inner = new._draw_among_candidates
 
@@ -133,10 +136,10 @@ def main(argv=None) -> int:
         new(x)
     served[-1] = len(sizes) - sum(served[:-1])
     new._draw_among_candidates = inner
-    times = {"topk_candidates": [], "floors": []}
+    times = {"topk_candidates": [], "floors": [], "floors_no_flat_cut": []}
+    order = (("topk_candidates", old), ("floors", new), ("floors_no_flat_cut", no_cut))
     for i, x in enumerate(kept):
-        pair = (("topk_candidates", old), ("floors", new)) if i % 2 == 0 else (("floors", new), ("topk_candidates", old))
-        for name, fn in pair:
+        for name, fn in order[i % 3:] + order[:i % 3]:  # rotated call by call
             fn(x)  # warm
             t0 = time.perf_counter()
             for _ in range(a.repeats):
@@ -150,7 +153,11 @@ def main(argv=None) -> int:
            "share_over_256": r(sum(1 for z in sizes if z > 256) / len(sizes), 3),
            "floors": list(new.floors), "rows_served_by_floor": served[:-1], "rows_full_sort": served[-1],
            "ms_per_call_topk_candidates": r(ms["topk_candidates"], 2), "ms_per_call_floors": r(ms["floors"], 2),
-           "ratio": r(ms["floors"] / ms["topk_candidates"], 3)}
+           "ratio": r(ms["floors"] / ms["topk_candidates"], 3),
+           "rows_flat": sum(int(((x.float() / s.temperature).softmax(-1).amax(-1) * x.shape[-1] < new.FLAT).sum())
+                            for x in kept),
+           "ms_per_call_floors_no_flat_cut": r(ms["floors_no_flat_cut"], 2),
+           "ratio_flat_cut": r(ms["floors"] / ms["floors_no_flat_cut"], 3)}
     emit(out)
     return 0
 
