@@ -11,7 +11,8 @@ class NucleusSampler:
     whose higher-ranked tokens hold less than `top_p` of the probability) is looked for among the tokens of
     probability >= `floors[0]`: when those hold >= `top_p`, every nucleus token is among them, and only they are
     sorted. Rows whose candidates hold less try `floors[1]`, and so on; only the rows still short get a full sort. The
-    draw is the inverse of the nucleus' cumulative distribution at one uniform number per row.
+    draw is the inverse of the nucleus' cumulative distribution at one uniform number per row. Flat rows (no token as
+    likely as `FLAT` / V) skip the floors, which would find most of the vocabulary: `_draw_flat` cuts them by value.
 
     Why: on SmolLM2's 49k-token vocabulary at top_p 0.95 the nucleus held 1-6,910 tokens (median 89; 35% of row-steps
     over 256), so `topk` over candidate counts that cover it (256, then 4,096) took 25 ms a call (median, 95-128 rows)
