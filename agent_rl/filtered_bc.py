@@ -181,9 +181,9 @@ def run(args: FilteredBCArgs, sft) -> dict:
 def main(argv=None) -> int:
     from trl import SFTConfig
 
+    from conversations.cli_util import start_process
     from conversations.config import given_keys
     from conversations.precision import apply_precision, run_precision
-    from conversations.cli_util import start_process
     from generator.sft import SFT_CONFIG_DEFAULTS
 
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -112,8 +112,8 @@ def choose_threads(environ=None, launcher: dict | None | str = "detect", cores: 
 
 
 def apply_threads(on_gpu: bool | None = None, announce: bool | None = None) -> ThreadChoice:
-    """Choose and set torch's intra-op threads (and OMP_NUM_THREADS for child processes). Call it first in every
-    entry point that trains or generates. The choice is printed on stderr when the launcher's default was replaced
+    """Choose and set torch's intra-op threads (and OMP_NUM_THREADS for child processes). Entry points call it
+    through `conversations.cli_util.start_process`, first, before any model. The choice is printed on stderr when the launcher's default was replaced
     (`announce` None), always (True) or never (False): a CLI whose error must stay one line prints nothing else."""
     import torch
 

@@ -17,9 +17,8 @@ and for judging without an endpoint.
 
 from __future__ import annotations
 
-import inspect
-
 import hashlib
+import inspect
 import re
 from dataclasses import dataclass
 from typing import Sequence
