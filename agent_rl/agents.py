@@ -20,6 +20,7 @@ from typing import Protocol, Sequence
 
 from conversations import DataError
 from conversations.seeds import derive_seed
+from generator.engine.resume import KV_CACHE_MB
 
 from agent_rl.gyms import Task, get_gym
 
@@ -121,7 +122,8 @@ EVAL_TEMPERATURE, EVAL_TOP_P = 0.7, 0.95
 
 class PolicyAgent:
     """A causal LM agent on the generation engine: one engine call for all live episodes (the shared system prompt
-    is run once per batch, finished turns leave the batch)."""
+    is run once per batch, finished turns leave the batch), each episode's keys and values kept from one turn to the
+    next so that a turn prefills only what came after the last one (`generator.engine.resume`)."""
 
     def __init__(
         self,
@@ -138,10 +140,13 @@ class PolicyAgent:
         record: bool = False,
         precision: str | None = None,
         engine=None,
+        kv_cache_mb: float = KV_CACHE_MB,
     ):
         """`engine`: decode on this `Engine` (a policy being trained: `generator.engine.policy_engine`) instead of a
-        new one on `model` (`batch_size` and `precision` are then the engine's)."""
+        new one on `model` (`batch_size` and `precision` are then the engine's). `kv_cache_mb`: memory for the
+        episodes' keys and values between turns (0: every turn prefills its whole episode)."""
         from generator.engine import Engine, SamplingSettings
+        from generator.engine.resume import CacheStore
 
         self.model, self.tokenizer, self.spec = model, tokenizer, spec
         self.settings = SamplingSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
@@ -150,6 +155,7 @@ class PolicyAgent:
         self.max_seq_len, self.seed, self.record = max_seq_len, seed, record
         self.format = ChatTurnFormat(tokenizer)
         self.seqs: dict[int, EpisodeTokens] = {}
+        self.kv = CacheStore(kv_cache_mb)  # uid -> the PromptCache of its last prompt
         self.calls = 0
 
     def _sync(self, v: EpisodeView) -> EpisodeTokens:
@@ -177,8 +183,11 @@ class PolicyAgent:
     def act(self, views):
         seqs = [self._sync(v) for v in views]
         self.calls += 1
+        uids = [v.uid for v in views]
+        states = self.kv.take(uids)
         done = self.engine.complete([s.ids for s in seqs], self.settings,
-                                    seed=derive_seed(self.seed, stream=self.calls))
+                                    seed=derive_seed(self.seed, stream=self.calls), states=states)
+        self.kv.keep(uids, states)
         texts = []
         for s, c in zip(seqs, done):
             # the stop token stays: the policy sampled it, and training scores exactly the sampled sequence
@@ -192,6 +201,7 @@ class PolicyAgent:
     def end_episode(self, uid) -> EpisodeTokens | None:
         """Drops the episode's tokens; with `record` they come back (`run_episodes` puts them on its result)."""
         seq = self.seqs.pop(uid, None)
+        self.kv.drop(uid)
         return seq if self.record else None
 
 

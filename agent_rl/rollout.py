@@ -87,6 +87,7 @@ def run_episodes(
         for i, text in zip(uids, texts):
             req = live[i][0].begin_step(text)
             if req is not None:
+                req.episode = i
                 need.append(i)
                 requests.append(req)
         replies: dict[int, str] = {}
@@ -103,6 +104,8 @@ def run_episodes(
             if env.done:
                 results[i] = env.result()
                 results[i].tokens = agent.end_episode(i)  # an LM agent's token record, when it keeps one
+                if hasattr(simulator, "end_episode"):  # an LM user's cache of the episode
+                    simulator.end_episode(i)
                 del live[i]
                 if on_result is not None:
                     on_result(i, results[i])

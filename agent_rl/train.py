@@ -35,6 +35,7 @@ from conversations.seeds import derive_seed, seed_for  # noqa: E402
 
 from agent_rl.credit import TRAJECTORY_SCORES, TURN_CREDITS, trajectory_score, turn_credits  # noqa: E402
 from agent_rl.agents import ROLLOUT_TEMPERATURE, ROLLOUT_TOP_P  # noqa: E402
+from generator.engine.resume import KV_CACHE_MB  # noqa: E402
 from agent_rl.users import UserSamplingArgs  # noqa: E402
 from generator.model import LoraArgs  # noqa: E402
 
@@ -72,6 +73,9 @@ class AgentRLArgs(UserSamplingArgs, LoraArgs):
         "help": "decode the rollouts on a merged copy of the LoRA policy in the run's precision (the engine's path "
                 "everywhere else); false decodes the unmerged training model (no extra copy of the weights: for a "
                 "GPU short of memory)"})
+    kv_cache_mb: float = field(default=KV_CACHE_MB, metadata={
+        "help": "memory (MiB) for the episodes' keys and values between the agent's turns, so a turn prefills only "
+                "what came after the last one (0: every turn prefills its whole episode)"})
     dtype: str = field(default="auto", metadata={
         "help": "precision: auto (bf16 on GPUs and fast-bf16 CPUs, else fp32), bf16 or fp32; --bf16 means the same"})
     eval_every: int = field(default=0, metadata={
@@ -98,7 +102,7 @@ class AgentRLArgs(UserSamplingArgs, LoraArgs):
                             "agent_max_new_tokens": ">= 1", "agent_temperature": "> 0", "agent_top_p": "(0, 1]",
                             "max_seq_len": ">= 64", "user_max_new_tokens": ">= 1", "user_temperature": ">= 0",
                             "user_top_p": "(0, 1]", "user_batch_size": ">= 1", "lora_r": ">= 1", "lora_alpha": "> 0",
-                            "lora_dropout": "[0, 1)", "torch_threads": ">= 0", "eval_every": ">= 0",
+                            "lora_dropout": "[0, 1)", "torch_threads": ">= 0", "eval_every": ">= 0", "kv_cache_mb": ">= 0",
                             "eval_tasks_per_gym": ">= 0", "eval_repeats": ">= 1"})
         check_model_name(self.agent_model, "agent_model")
         check_simulator_spec(self.simulator)
@@ -172,6 +176,7 @@ class AgentRollout:
                 seed=derive_seed(trainer.args.seed, step=step, rank=rank),
                 record=True,
                 engine=engine,
+                kv_cache_mb=a.kv_cache_mb,
             )
             results = run_episodes(agent, self.simulator, specs)
         seconds = time.perf_counter() - t0  # the merged copy, the agent's and the user's turns: the step's rollout part

@@ -27,6 +27,7 @@ from adversary.guidance import load_export_guide, split_guidance
 from conversations import DataError
 from conversations.seeds import derive_seed
 from generator.engine import SamplingSettings
+from generator.engine.resume import KV_CACHE_MB, CacheStore
 
 from agent_rl.gyms import ORACLE, TERSE, UserRequest, get_gym
 
@@ -97,8 +98,11 @@ class LMUser:
     measured with."""
 
     def __init__(self, engine, spec: str, settings: SamplingSettings | None = None, manifest: dict | None = None,
-                 seed: int = 0, persona: str | None = None, guide=None):
+                 seed: int = 0, persona: str | None = None, guide=None, kv_cache_mb: float = KV_CACHE_MB):
+        """`kv_cache_mb`: memory for each episode's cache between its user turns (requests with an `episode` key;
+        0: every turn prefills its whole prompt)."""
         self.engine, self.spec, self.manifest, self.seed, self.persona = engine, spec, manifest, seed, persona
+        self.kv = CacheStore(kv_cache_mb)
         self.guide = guide  # adversary.guidance.Guide: K turns a request, one kept (None: one turn)
         self.settings = settings or exported_settings(manifest) or DEFAULT_SETTINGS
         self.calls = 0
@@ -125,7 +129,11 @@ class LMUser:
         # a new seed per call, else every turn of a run would replay the same random stream
         seed = derive_seed(self.seed, step=self.calls)
         k = self.guide.k if self.guide is not None else 1
-        done = self.engine.complete(ids, s, seed=seed, cancelled=cancelled, n=k)
+        # an episode's prompt extends its last one (the template appends): resumed from its cache when held
+        keys = [r.episode for r in requests] if k == 1 else [None] * len(requests)
+        states = self.kv.take(keys) if any(key is not None for key in keys) else None
+        done = self.engine.complete(ids, s, seed=seed, cancelled=cancelled, n=k, states=states)
+        self.kv.keep(keys, states)
         if k > 1:  # K candidates a request from one prefill; the guide keeps one of each K
             import numpy as np
 
@@ -148,6 +156,9 @@ class LMUser:
 
     def reply(self, requests, settings: SamplingSettings | None = None):
         return [t.text for t in self.turns(requests, settings)]
+
+    def end_episode(self, episode: int) -> None:
+        self.kv.drop(episode)
 
 
 class OpenAIUser:

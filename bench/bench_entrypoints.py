@@ -1,7 +1,7 @@
 """The documented commands at the machine's full speed: each run the way the README writes it, beside the engine's
 best (or the documented fast launch) on the same work, in one run. Alone on the machine: nothing else CPU-heavy.
 
-    python bench/bench_entrypoints.py                    # simulate CLI + agent GRPO step (~6 min on 2 cores)
+    python bench/bench_entrypoints.py                    # simulate CLI + agent GRPO step (~9 min on 2 cores)
     python bench/bench_entrypoints.py --main-job         # + the bare main job against `make demo`'s launch (~20 min)
     python bench/bench_entrypoints.py --parts simulate   # one part
 
@@ -11,9 +11,12 @@ Parts:
   fast in bf16, batches of `sim_batch_size`, the held-out settings of configs/demo.yaml) on the same 200 contexts.
   Both rates are generated tokens (stop token included) over the generation's wall time. Target: >= 0.8.
 - `agent`: `accelerate launch agent_rl/train.py --config configs/agent.yaml` for 3 GRPO steps (8 episodes each)
-  against `scripted:oracle`, with the rollouts on the merged inference copy (the default) and on the unmerged LoRA
-  model (`--rollout_merge false`, the path before); seconds a step after the first. Target: the default >= 2x faster
-  than the 38-49 s a step measured before.
+  against `scripted:oracle`, with the rollouts on the merged inference copy and each episode's cache kept between
+  its turns (the default), on the merged copy prefilling each turn's whole episode (`--kv_cache_mb 0`), and on the
+  unmerged LoRA model without the cache (`--rollout_merge false --kv_cache_mb 0`, the path before); seconds a step
+  and of its rollout, after the first. Target: the default >= 2x faster than the 38-49 s a step measured before.
+- `rollout`: 48 episodes of an agent (`--rollout-agent`) against `hf:smollm2-135m-instruct` as the user, sampled as
+  `agent_rl.filtered_bc` plays them, with the episodes' caches kept between turns and without, alternating, twice.
 - `guidance`: a guided export (`python -m adversary.guidance`, runs/guided/frozen) answering 128 requests with
   guidance off (K=1) and on (its K): seconds per turn, and their ratio.
 - `main_job`: `accelerate launch adversary/train.py` exactly (bare: no --cpu, no config file, no thread count) against
@@ -84,7 +87,8 @@ def part_simulate(tmp: Path) -> dict:
 
 def part_agent(tmp: Path, steps: int = 3) -> dict:
     res = {}
-    for label, extra in (("merged", []), ("unmerged", ["--rollout_merge", "false"])):
+    for label, extra in (("merged", []), ("merged_no_kv", ["--kv_cache_mb", "0"]),
+                         ("unmerged", ["--rollout_merge", "false", "--kv_cache_mb", "0"])):
         outdir = tmp / f"agent_{label}"
         cmd = ["accelerate", "launch", "--config_file", str(ROOT / "configs/accelerate/cpu.yaml"),
                "--num_cpu_threads_per_process", str(os.cpu_count()), str(ROOT / "agent_rl/train.py"),
@@ -97,14 +101,57 @@ def part_agent(tmp: Path, steps: int = 3) -> dict:
             raise RuntimeError(f"agent run {label} failed: {p.stderr[-2000:]}")
         hist = json.loads((outdir / "agent_rl.json").read_text())["log_history"]
         times = [h["agent/step_seconds"] for h in hist if "agent/step_seconds" in h]
+        rollouts = [h["agent/rollout_seconds"] for h in hist if "agent/rollout_seconds" in h]
         res[label] = {"wall_s": r(wall, 1), "step_seconds": [r(t, 1) for t in times],
+                      "rollout_seconds": [r(t, 1) for t in rollouts],
+                      "steady_rollout_s": r(sum(rollouts[1:]) / (len(rollouts) - 1), 1) if len(rollouts) > 1 else None,
                       "steady_step_s": r(sum(times[1:]) / max(1, len(times) - 1), 1) if len(times) > 1 else
                       (r(times[0], 1) if times else None)}
-    m, u = res["merged"]["steady_step_s"], res["unmerged"]["steady_step_s"]
+    m, u, nk = (res[k]["steady_step_s"] for k in ("merged", "unmerged", "merged_no_kv"))
     res["speedup_vs_unmerged"] = r(u / m) if m and u else None
+    res["speedup_of_kv_cache"] = r(nk / m) if m and nk else None  # the step with / without the cross-turn cache
     res["before_s"] = "38-49 (docs/results.md, 2026-12-01)"
     res["met"] = bool(m and m <= 38 / 2)
     return res
+
+
+def part_rollout(tmp: Path, agent_spec: str = "hf:smollm2-135m-instruct", user: str = "hf:smollm2-135m-instruct",
+                 episodes: int = 48, repeats: int = 2) -> dict:
+    """Episodes as agent_rl.filtered_bc and agent_rl.evaluate play them (the agent sampled as evaluated, an LM user),
+    with every episode's cache kept between turns (agent and user, the default) and without (`kv_cache_mb` 0), in
+    alternation, the same seeds each time: seconds of the agent's and the user's turns, and how many episodes came
+    out token for token the same (the cache changes the arithmetic's order, not the distribution)."""
+    from agent_rl.agents import EVAL_TEMPERATURE, EVAL_TOP_P, load_agent
+    from agent_rl.curve import EVAL_MAX_NEW_TOKENS
+    from agent_rl.rollout import RolloutStats, episode_specs, run_episodes
+    from agent_rl.users import load_simulator
+    from conversations.threads import apply_threads
+    from generator.engine.resume import KV_CACHE_MB, CacheStore
+
+    apply_threads()
+    agent = load_agent(agent_spec, max_new_tokens=EVAL_MAX_NEW_TOKENS, temperature=EVAL_TEMPERATURE, top_p=EVAL_TOP_P)
+    sim = load_simulator(user)
+    gyms = ["intention", "travel", "persuade"]
+    specs = [s for g in gyms for s in episode_specs([g], "train", episodes // len(gyms))]
+    runs: dict[str, list] = {"kept": [], "none": []}
+    texts: dict[str, list] = {}
+    for _ in range(repeats):
+        for label, mb in (("kept", KV_CACHE_MB), ("none", 0)):
+            agent.kv, sim.kv = CacheStore(mb), CacheStore(mb)
+            agent.calls, sim.calls = 0, 0  # the same seeds every time
+            stats = RolloutStats()
+            res = run_episodes(agent, sim, specs, stats=stats)
+            texts[label] = [[m["content"] for m in e.messages] for e in res]
+            runs[label].append({"agent_s": r(stats.agent_seconds, 1), "user_s": r(stats.simulator_seconds, 1),
+                                "total_s": r(stats.seconds, 1), "mean_return": r(sum(e.total for e in res) / len(res)),
+                                "turns": sum(e.turns for e in res)})
+    med = {k: {f: r(sorted(x[f] for x in v)[len(v) // 2], 1) for f in ("agent_s", "user_s", "total_s")}
+           for k, v in runs.items()}
+    return {"agent": agent_spec, "user": user, "episodes": len(specs), "runs": runs, "median": med,
+            "agent_speedup": r(med["none"]["agent_s"] / med["kept"]["agent_s"]),
+            "user_speedup": r(med["none"]["user_s"] / med["kept"]["user_s"]),
+            "total_speedup": r(med["none"]["total_s"] / med["kept"]["total_s"]),
+            "same_episodes": sum(a == b for a, b in zip(texts["kept"], texts["none"]))}
 
 
 def part_guidance(tmp: Path, export: str = "runs/guided/frozen", n: int = 128) -> dict:
@@ -158,9 +205,12 @@ def part_main_job(tmp: Path) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--parts", nargs="+", default=None, choices=["simulate", "agent", "guidance", "main_job"])
+    p.add_argument("--parts", nargs="+", default=None, choices=["simulate", "agent", "rollout", "guidance", "main_job"])
     p.add_argument("--main-job", action="store_true", help="include the main-job pair (~20 min)")
     p.add_argument("--agent-steps", type=int, default=3)
+    p.add_argument("--rollout-agent", default="hf:smollm2-135m-instruct", help="the rollout part's agent (a path: "
+                   "an agent checkpoint, e.g. the protocol SFT agent)")
+    p.add_argument("--rollout-episodes", type=int, default=48)
     a = p.parse_args(argv)
     parts = a.parts or (["simulate", "agent", "guidance"] + (["main_job"] if a.main_job else []))
     out = {"bench": "entrypoints"}
@@ -170,6 +220,7 @@ def main(argv=None) -> int:
             log(f"== {part}")
             t0 = time.time()
             out[part] = {"simulate": part_simulate, "agent": lambda t: part_agent(t, a.agent_steps),
+                         "rollout": lambda t: part_rollout(t, a.rollout_agent, episodes=a.rollout_episodes),
                          "guidance": part_guidance, "main_job": part_main_job}[part](tmp)
             out[part]["bench_seconds"] = r(time.time() - t0, 1)
             log(json.dumps(out[part]))

@@ -22,6 +22,22 @@ def tiny_encoder_path():
     return resolve_model("tiny-random-encoder")
 
 
+@pytest.fixture(scope="session")
+def varied_lm(tiny_lm_path):
+    """(model, tokenizer): a small random Llama with large initial weights on the tiny asset's tokenizer. Unlike the
+    tiny asset (which writes the same token whatever the prompt), its greedy tokens depend on the prompt, so equal
+    tokens mean equal computation."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(tiny_lm_path)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, initializer_range=0.5, tie_word_embeddings=True,
+                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
+    return LlamaForCausalLM(cfg).eval(), tok
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models are dominated by per-op overhead, which extra threads only add to (and on a shared CPU, spin-waiting

@@ -91,6 +91,37 @@ def test_policy_agent_sequence_is_what_the_model_saw(tiny_lm_path):
         assert sorted({t for t in rec.turn_of if t >= 0}) == list(range(r.turns))
 
 
+def test_policy_agent_resumes_each_episode_from_its_last_turn(varied_lm):
+    """With the keys and values kept between turns, every turn after the first resumes from the episode's cache
+    (the engine is handed a covering state for each live episode), and the episodes are token for token the ones
+    an agent that prefills everything again samples (greedy, a random model whose tokens depend on the prompt).
+    A budget too small for one episode keeps nothing; finished episodes leave no cache behind."""
+    model, tok = varied_lm
+    specs = episode_specs(["intention", "telepathy"], "train", 2, max_turns=3)
+
+    def play(kv_cache_mb):
+        agent = PolicyAgent(model, tok, max_new_tokens=5, temperature=0, record=True, kv_cache_mb=kv_cache_mb)
+        complete, resumed = agent.engine.complete, []
+
+        def spy(prompts, settings, seed=0, states=None, **kw):
+            resumed.append((sum(st is not None and st.covers(p) for st, p in zip(states or [], prompts)), len(prompts)))
+            return complete(prompts, settings, seed, states=states, **kw)
+
+        agent.engine.complete = spy
+        results = run_episodes(agent, ScriptedUser("oracle"), specs)
+        assert not agent.kv
+        return [r.tokens.ids for r in results], resumed
+
+    kept, resumed = play(1024)
+    fresh, none = play(0)
+    tight, _ = play(1e-6)
+    assert kept == fresh == tight
+    # every episode starts at once: the first call has nothing to resume, each later one resumes all it holds
+    assert resumed[0] == (0, len(specs)) and len(resumed) > 1
+    assert all(k == n for k, n in resumed[1:])
+    assert {k for k, _ in none} == {0}
+
+
 def test_configs_parse():
     from trl import GRPOConfig
 

@@ -56,6 +56,39 @@ def test_frozen_export_loads_and_replies_in_one_batch(frozen_dir):
     assert short_label(f"frozen:{frozen_dir}") == "frozen:sim"
 
 
+def test_an_lm_user_resumes_each_episode_from_its_last_user_turn(varied_lm):
+    """An LM user keeps each episode's cache between its turns: every user turn after an episode's first resumes
+    from it (the template appends, so the last prompt is a prefix of the next), the replies are the ones a user that
+    prefills everything again writes (greedy), and finished episodes leave nothing behind."""
+    from agent_rl.agents import ScriptedAgent
+    from agent_rl.rollout import episode_specs, run_episodes
+    from generator.engine import Engine
+
+    model, tok = varied_lm
+    specs = episode_specs(["intention", "travel"], "train", 2, max_turns=4)
+
+    def play(kv_cache_mb):
+        user = LMUser(Engine(model, tok, batch_size=8), "hf:varied", SamplingSettings(max_new_tokens=4, temperature=0,
+                                                                                      min_new_tokens=4),
+                      kv_cache_mb=kv_cache_mb)
+        complete, calls = user.engine.complete, []
+
+        def spy(prompts, settings, seed=0, states=None, **kw):
+            calls.append(sum(st is not None and st.covers(p) for st, p in zip(states or [], prompts)))
+            return complete(prompts, settings, seed, states=states, **kw)
+
+        user.engine.complete = spy
+        results = run_episodes(ScriptedAgent("random"), user, specs)
+        assert not len(user.kv)
+        return [r.messages for r in results], calls
+
+    kept, resumed = play(1024)
+    fresh, none = play(0)
+    assert kept == fresh
+    assert resumed[0] == 0 and len(resumed) > 1 and all(k > 0 for k in resumed[1:])
+    assert set(none) == {0}
+
+
 def test_frozen_refuses_a_tampered_export(frozen_dir, tmp_path):
     from adversary.export import ExportError
 

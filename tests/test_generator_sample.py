@@ -185,17 +185,8 @@ def test_openai_assistant_in_a_simulation(chat_server, tiny, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def varied(tiny):
-    """A small random Llama with large initial weights: unlike the tiny asset (which writes the same token whatever
-    the prompt), its greedy tokens depend on the prompt, so equal tokens mean equal computation."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    _, tok = tiny
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, initializer_range=0.5, tie_word_embeddings=True,
-                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
-    return LlamaForCausalLM(cfg).eval(), tok
+def varied(varied_lm):
+    return varied_lm
 
 
 @pytest.mark.parametrize("options", [{}, {"share_prefix": False}, {"compact": False}, {"growing_cache": False},
@@ -244,6 +235,43 @@ def test_engine_n_samples_repeat_one_prefill(varied, options):
     assert all(len({tuple(c.ids) for c in a[i * 4:(i + 1) * 4]}) > 1 for i in range(3))
     with pytest.raises(ValueError, match="n must be >= 1"):
         Engine(model, tok).complete(rows, hot, n=0)
+
+
+@pytest.mark.parametrize("options", [{}, {"prefill_tokens": 1}, {"share_prefix": False}])
+def test_engine_resumes_a_prompt_from_the_cache_of_the_one_it_extends(varied, options):
+    """Turn 2 of three episodes (turn 1's prompt + its sampled tokens + a new observation), prefilled from turn 1's
+    `PromptCache`s: exactly the greedy tokens of transformers' `generate` on each whole prompt alone. One row has
+    no state and one a state that is not its prefix: both are prefilled whole in the same batch."""
+    from generator.engine.resume import PromptCache
+    from generator.prompts import render_prompt
+
+    model, tok = varied
+    contexts = [CTX, [{"role": "user", "content": "book me a table for four tonight somewhere quiet please"}],
+                [{"role": "user", "content": "x"}]]
+    rows = [tok(render_prompt(tok, c), add_special_tokens=False)["input_ids"] for c in contexts]
+    greedy = SamplingSettings(max_new_tokens=5, temperature=0, min_new_tokens=5)
+    engine = Engine(model, tok, batch_size=3, **options)
+    states = [None, None, None]
+    first = engine.complete(rows, greedy, states=states)
+    assert [s.ids for s in states] == [tuple(r) for r in rows]  # each prompt's cache, not the sampled tokens
+    obs = [tok(t, add_special_tokens=False)["input_ids"] for t in (" ok then", " no, the other one please", " hm")]
+    turn2 = [r + c.ids + o for r, c, o in zip(rows, first, obs)]
+    states[1] = None  # an episode whose cache was dropped (over the budget)
+    stale = (turn2[2][0] + 1, *states[2].ids[1:])  # the same length, another first token: not a prefix of row 2
+    states[2] = PromptCache(stale, states[2].keys, states[2].values)
+    with torch.inference_mode():
+        free = [model.generate(torch.tensor([r]), max_new_tokens=5, do_sample=False,
+                               pad_token_id=tok.pad_token_id)[0, len(r):].tolist() for r in turn2]
+    got = engine.complete(turn2, greedy, states=states)
+    assert [c.ids for c in got] == free
+    assert [s.ids for s in states] == [tuple(r) for r in turn2]
+    third = [r + c.ids + o for r, c, o in zip(turn2, got, obs)]  # a third turn from the second's caches
+    with torch.inference_mode():
+        free = [model.generate(torch.tensor([r]), max_new_tokens=5, do_sample=False,
+                               pad_token_id=tok.pad_token_id)[0, len(r):].tolist() for r in third]
+    assert [c.ids for c in engine.complete(third, greedy, states=states)] == free
+    with pytest.raises(ValueError, match="states needs n = 1"):
+        engine.complete(rows, greedy, n=2, states=[None] * 3)
 
 
 def test_simulate_candidates_shape_and_meta(tiny):

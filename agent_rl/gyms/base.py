@@ -47,6 +47,7 @@ class UserRequest:
     gym: str
     task: Task | None  # the structured hidden task, for the rule-based (scripted) users; None outside a gym (serve)
     persona: str | None = None
+    episode: int | None = None  # the rollout's key for the episode (an LM user keeps its cache under it); None: none
 
 
 @dataclass

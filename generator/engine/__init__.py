@@ -6,6 +6,8 @@ What it does that `model.generate` does not, each measured on 2 CPU cores (docs/
 - **a shared prefix is run once**: the tokens every prompt of a batch starts with (the simulator's system prompt) get
   one key/value cache, repeated over the batch; each row is laid out `prefix + pads + rest` with the pads masked and
   positions counted as if unpadded, so every real token sees what it would see unpadded;
+- **a prompt that extends an earlier one resumes from its cache** (`complete(states=)`, `resume`): an agent's
+  episode, or an LM user's side of it, prefills only what came after its last turn;
 - **finished rows leave the batch**: a row that sampled a stop token (or its budget) is dropped from the cache and the
   mask at once, so a batch costs the sum of its turns' lengths, not rows x the longest turn;
 - **sampling without a full sort**: `NucleusSampler` draws from exactly transformers' temperature/top-k/top-p
@@ -17,7 +19,8 @@ What it does that `model.generate` does not, each measured on 2 CPU cores (docs/
 Sampling settings are one object, `SamplingSettings`, shared by every caller and recorded in the export.
 
 The package's parts: `settings` (SamplingSettings, Completion, stop tokens), `sampler` (NucleusSampler), `cache` (the
-growing key/value cache), `decode` (Engine, the loop), `weights` (inference_copy, inference_model, and the one way into
+growing key/value cache), `resume` (PromptCache, CacheStore: caches kept between calls), `decode` (Engine, the loop),
+`weights` (inference_copy, inference_model, and the one way into
 the engine for a policy being trained, model or trainer: `policy_model` and `policy_engine`). The TRL rollout adapter
 of GRPO lives with its caller (`adversary.rollout.EngineRollout`).
 """

@@ -10,6 +10,7 @@ from typing import Sequence
 from conversations.config import ConfigError
 from conversations.memory import release_memory
 from generator.engine.cache import _growing_layer_class, new_cache
+from generator.engine.resume import cached_lengths, row_caches, stacked_cache
 from generator.engine.sampler import NucleusSampler
 from generator.engine.settings import Completion, SamplingSettings, stop_token_ids
 
@@ -50,18 +51,24 @@ class Engine:
         return self.complete(ids, settings, seed, n=n)
 
     def complete(self, prompts: Sequence[Sequence[int]], settings: SamplingSettings, seed: int = 0,
-                 cancelled: Sequence | None = None, n: int = 1) -> list[Completion]:
+                 cancelled: Sequence | None = None, n: int = 1, states: list | None = None) -> list[Completion]:
         """`n` completions per prompt (token ids), prompt-major: [p0 s0, p0 s1, ..., p1 s0, ...]. Prompts are batched
         by length (less padding); the same seed, prompts, batch size and n give the same completions; the caller's
         torch RNG is left as it was. With n > 1 each prompt is prefilled once and its cache repeated n times (a batch
         holds about batch_size // n prompts). `cancelled[i]()` returning True stops prompt i at the next token (what
-        it has so far is returned): a server drops the requests whose clients have gone."""
+        it has so far is returned): a server drops the requests whose clients have gone.
+
+        `states` (n = 1 only; `generator.engine.resume`): one entry per prompt, None or the `PromptCache` of an
+        earlier prompt that this one extends, whose tokens are then not prefilled again; each entry is replaced by
+        the cache of its prompt (None where the model keeps its own kind of cache)."""
         import torch
 
         if not prompts:
             return []
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
+        if states is not None and (n != 1 or len(states) != len(prompts)):
+            raise ValueError(f"states needs n = 1 and one entry per prompt, got n={n}, {len(states)} for {len(prompts)}")
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         model = self.model
@@ -82,9 +89,13 @@ class Engine:
                         release_memory()  # the last batch's cache back to the system before the next one's lands
                     idx = order[start : start + per_batch]
                     gone = [cancelled[i] for i in idx] if cancelled is not None else None
-                    done = self._batch([list(prompts[i]) for i in idx], settings, sampler, device, gone, n=n)
+                    held = None if states is None else [states[i] for i in idx]
+                    done = self._batch([list(prompts[i]) for i in idx], settings, sampler, device, gone, n=n,
+                                       states=held)
                     for j, i in enumerate(idx):
                         results[i] = done[j * n : (j + 1) * n]
+                        if states is not None:
+                            states[i] = held[j]
         finally:
             model.train(was_training)
         return [c for cs in results for c in cs]  # type: ignore[union-attr]
@@ -148,33 +159,37 @@ class Engine:
             return 0, None  # recurrent or sliding-window layers would carry state across the pads
         return p, cache
 
-    def _prefill(self, ids, mask, pos, prefix, rows: list[list[int]]):
-        """(logits (B, V), cache) of the prompts' first forward: the prefix cache (batch 1) repeated over the rows,
-        in row chunks of about PREFILL_CHUNK_TOKENS tokens whose caches are then joined (our growing cache only; any
-        other cache is prefilled in one forward)."""
+    def _prefill(self, ids, mask, pos, prefix, rows: list[list[int]], resumed=None):
+        """(logits (B, V), cache) of the prompts' first forward: the prefix cache (batch 1) repeated over the rows, or
+        the rows' own cached parts (`resumed`: states and cached lengths), in row chunks of about
+        PREFILL_CHUNK_TOKENS tokens whose caches are then joined (our growing cache only; any other cache is
+        prefilled in one forward)."""
         import copy
 
         import torch
 
         B, W = ids.shape
         chunk = max(1, self.prefill_tokens // max(1, W))
-        if prefix is None:
-            cache = self._new_cache(rows)  # ours (growing) or None (the model's own)
-            growing = cache is not None
-        else:
-            cache = prefix
-            growing = all(isinstance(layer, _growing_layer_class()) for layer in prefix.layers)
+
+        def start(part: slice):  # the cache a chunk's forward writes into
+            if resumed is not None:
+                states, held = resumed
+                like = next(st for st, c in zip(states, held) if c)
+                return stacked_cache(states[part], held[part], max(held), like, reserve=W + self._max_new)
+            if prefix is None:
+                return self._new_cache(rows)  # ours (growing) or None (the model's own)
+            cache = copy.deepcopy(prefix) if B > chunk else prefix
+            cache.batch_repeat_interleave(ids[part].shape[0])  # (1, H, P, D) -> (b, H, P, D) per layer
+            return cache
+
+        growing = resumed is not None or (prefix is None and self._new_cache(rows) is not None) or (
+            prefix is not None and all(isinstance(layer, _growing_layer_class()) for layer in prefix.layers))
         if B <= chunk or not growing:
-            if prefix is not None:
-                cache.batch_repeat_interleave(B)  # (1, H, P, D) -> (B, H, P, D) per layer
-            return self._forward(ids, mask, pos, cache)
+            return self._forward(ids, mask, pos, start(slice(0, B)))
         logits, caches = [], []
         for s in range(0, B, chunk):
             part = slice(s, s + chunk)
-            cache = copy.deepcopy(prefix) if prefix is not None else self._new_cache(rows)
-            if prefix is not None:
-                cache.batch_repeat_interleave(ids[part].shape[0])
-            lg, cache = self._forward(ids[part], mask[part], pos[part], cache)
+            lg, cache = self._forward(ids[part], mask[part], pos[part], start(part))
             logits.append(lg)
             caches.append(cache)
         joined = caches[0]
@@ -187,7 +202,8 @@ class Engine:
         return torch.cat(logits), joined
 
     def _batch(self, rows: list[list[int]], s: SamplingSettings, sampler, device, gone=None,
-               n: int = 1) -> list[Completion]:
+               n: int = 1, states: list | None = None) -> list[Completion]:
+        """One batch; `states` (n = 1): each row's `PromptCache` or None, replaced by the row's prompt's cache."""
         import torch
 
         from transformers.cache_utils import DynamicLayer
@@ -195,13 +211,25 @@ class Engine:
         self._layer_types = (DynamicLayer,)
         self._max_new = s.max_new_tokens
         B = len(rows)
-        p, prefix = self._prefix(rows, device)
-        rest = [r[p:] for r in rows]
+        held = cached_lengths(rows, states)
+        resumed = None
+        if any(held) and self._new_cache(rows) is not None:
+            p, prefix, resumed = max(held), None, (states, held)  # each row's own cached part, left-padded to p
+            rest = [r[c:] for r, c in zip(rows, held)]
+            cached_mask = [[0] * (p - c) + [1] * c for c in held]
+        else:
+            p, prefix = self._prefix(rows, device)
+            rest = [r[p:] for r in rows]
+            cached_mask = [[1] * p] * B
         width = max(len(r) for r in rest)
         ids = torch.tensor([[self.pad_id] * (width - len(r)) + r for r in rest], device=device)  # (B, W)
-        mask = torch.tensor([[1] * p + [0] * (width - len(r)) + [1] * len(r) for r in rest], device=device)  # (B, P+W)
+        mask = torch.tensor([m + [0] * (width - len(r)) + [1] * len(r) for m, r in zip(cached_mask, rest)],
+                            device=device)  # (B, P+W)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, p:]  # (B, W): positions as if unpadded
-        logits, cache = self._prefill(ids, mask, pos, prefix, rows)
+        logits, cache = self._prefill(ids, mask, pos, prefix, rows, resumed)
+        if states is not None:  # the prompts' caches, before decoding writes into them
+            growing = cache is not None and all(isinstance(l, _growing_layer_class()) for l in cache.layers)
+            states[:] = row_caches(cache, mask, rows) if growing else [None] * B
         if n > 1:  # n samples of each prompt from one prefill: every row of the cache repeated n times, in place
             logits, mask, pos = (t.repeat_interleave(n, 0) for t in (logits, mask, pos))
             cache.batch_repeat_interleave(n)
