@@ -45,7 +45,9 @@ class RunArgs(UserSamplingArgs):
     repeats: int = field(default=1, metadata={"help": "episodes per task, with seeds 0..repeats-1"})
     out: str = field(default="runs/eval", metadata={"help": "output folder (episodes.jsonl is the resume cache)"})
     max_turns: int = field(default=0, metadata={"help": "turn limit for every gym (0: each gym's own)"})
-    max_live: int = field(default=32, metadata={"help": "episodes run in lock step at once"})
+    max_live: int = field(default=128, metadata={
+        "help": "episodes run in lock step at once (as many as the engine's cache budget holds: full batches, and "
+                "every episode resumes each turn from its cache)"})
     agent_max_new_tokens: int = 64
     agent_temperature: float = field(default=EVAL_TEMPERATURE, metadata={
         "help": "agent sampling temperature (top-p 0.95): as deployed; training rollouts sample at 1 (agent_rl.agents)"})

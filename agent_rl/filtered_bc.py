@@ -50,9 +50,9 @@ class FilteredBCArgs(AgentSFTArgs, UserSamplingArgs):
     eval_repeats: int = field(default=3, metadata={"help": "the curve's episodes per test task"})
     eval_gyms: str = field(default="all", metadata={"help": "the curve's gyms (their test tasks), or 'all'"})
     agent_batch_size: int = field(default=48, metadata={"help": "agent turns per engine call"})
-    max_live: int = field(default=64, metadata={
-        "help": "episodes played at once: each keeps its agent's and its user's cache between turns, so all of them "
-                "fit the engine's default 1 GiB a side (2026-12-04: 24 episodes 1.52x faster with the caches)"})
+    max_live: int = field(default=128, metadata={
+        "help": "episodes played at once: as many as the engine's cache budget (2 GiB a side) holds, so that every "
+                "episode keeps its agent's and its user's cache between turns and the batches stay full"})
 
     def __post_init__(self):
         from agent_rl.users import check_simulator_spec

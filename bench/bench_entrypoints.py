@@ -116,11 +116,13 @@ def part_agent(tmp: Path, steps: int = 3) -> dict:
 
 
 def part_rollout(tmp: Path, agent_spec: str = "hf:smollm2-135m-instruct", user: str = "hf:smollm2-135m-instruct",
-                 episodes: int = 48, repeats: int = 2) -> dict:
-    """Episodes as agent_rl.filtered_bc and agent_rl.evaluate play them (the agent sampled as evaluated, an LM user),
-    with every episode's cache kept between turns (agent and user, the default) and without (`kv_cache_mb` 0), in
-    alternation, the same seeds each time: seconds of the agent's and the user's turns, and how many episodes came
-    out token for token the same (the cache changes the arithmetic's order, not the distribution)."""
+                 episodes: int = 48, repeats: int = 2, agent_batch: int = 16, kv_mb: float | None = None,
+                 live: tuple[int, ...] = ()) -> dict:
+    """Episodes as agent_rl.filtered_bc and agent_rl.evaluate play them (the agent sampled as evaluated, an LM user):
+    all live at once with every episode's cache kept between turns (agent and user, `kv_mb` a side) and without
+    (`kv_cache_mb` 0), and with the caches at each of `live` episodes at once; in alternation, the same seeds each
+    time: seconds of the agent's and the user's turns, and how many episodes came out token for token the same as
+    without (the cache changes the arithmetic's order, not the distribution)."""
     from agent_rl.agents import EVAL_TEMPERATURE, EVAL_TOP_P, load_agent
     from agent_rl.curve import EVAL_MAX_NEW_TOKENS
     from agent_rl.rollout import RolloutStats, episode_specs, run_episodes
@@ -129,29 +131,33 @@ def part_rollout(tmp: Path, agent_spec: str = "hf:smollm2-135m-instruct", user: 
     from generator.engine.resume import KV_CACHE_MB, CacheStore
 
     apply_threads()
-    agent = load_agent(agent_spec, max_new_tokens=EVAL_MAX_NEW_TOKENS, temperature=EVAL_TEMPERATURE, top_p=EVAL_TOP_P)
+    kv_mb = KV_CACHE_MB if kv_mb is None else kv_mb
+    agent = load_agent(agent_spec, max_new_tokens=EVAL_MAX_NEW_TOKENS, temperature=EVAL_TEMPERATURE, top_p=EVAL_TOP_P,
+                       batch_size=agent_batch)
     sim = load_simulator(user)
     gyms = ["intention", "travel", "persuade"]
     specs = [s for g in gyms for s in episode_specs([g], "train", episodes // len(gyms))]
-    runs: dict[str, list] = {"kept": [], "none": []}
+    modes = [("kept", None, kv_mb), ("none", None, 0)] + [(f"kept_live{n}", n, kv_mb) for n in live]
+    runs: dict[str, list] = {m[0]: [] for m in modes}
     texts: dict[str, list] = {}
     for _ in range(repeats):
-        for label, mb in (("kept", KV_CACHE_MB), ("none", 0)):
+        for label, max_live, mb in modes:
             agent.kv, sim.kv = CacheStore(mb), CacheStore(mb)
             agent.calls, sim.calls = 0, 0  # the same seeds every time
             stats = RolloutStats()
-            res = run_episodes(agent, sim, specs, stats=stats)
+            res = run_episodes(agent, sim, specs, stats=stats, max_live=max_live)
             texts[label] = [[m["content"] for m in e.messages] for e in res]
             runs[label].append({"agent_s": r(stats.agent_seconds, 1), "user_s": r(stats.simulator_seconds, 1),
                                 "total_s": r(stats.seconds, 1), "mean_return": r(sum(e.total for e in res) / len(res)),
                                 "turns": sum(e.turns for e in res)})
     med = {k: {f: r(sorted(x[f] for x in v)[len(v) // 2], 1) for f in ("agent_s", "user_s", "total_s")}
            for k, v in runs.items()}
-    return {"agent": agent_spec, "user": user, "episodes": len(specs), "runs": runs, "median": med,
-            "agent_speedup": r(med["none"]["agent_s"] / med["kept"]["agent_s"]),
-            "user_speedup": r(med["none"]["user_s"] / med["kept"]["user_s"]),
-            "total_speedup": r(med["none"]["total_s"] / med["kept"]["total_s"]),
-            "same_episodes": sum(a == b for a, b in zip(texts["kept"], texts["none"]))}
+    base = med["none"]
+    return {"agent": agent_spec, "user": user, "episodes": len(specs), "agent_batch": agent_batch, "kv_mb": kv_mb,
+            "runs": runs, "median": med,
+            "speedup_vs_none": {k: {f: r(base[f] / v[f]) for f in v} for k, v in med.items() if k != "none"},
+            "same_episodes_as_none": {k: sum(a == b for a, b in zip(t, texts["none"])) for k, t in texts.items()
+                                      if k != "none"}}
 
 
 def part_guidance(tmp: Path, export: str = "runs/guided/frozen", n: int = 128) -> dict:
@@ -211,6 +217,10 @@ def main(argv=None) -> int:
     p.add_argument("--rollout-agent", default="hf:smollm2-135m-instruct", help="the rollout part's agent (a path: "
                    "an agent checkpoint, e.g. the protocol SFT agent)")
     p.add_argument("--rollout-episodes", type=int, default=48)
+    p.add_argument("--rollout-repeats", type=int, default=2)
+    p.add_argument("--rollout-agent-batch", type=int, default=16, help="agent turns per engine call (filtered_bc: 48)")
+    p.add_argument("--rollout-kv-mb", type=float, default=None, help="cache budget a side (default: the engine's)")
+    p.add_argument("--rollout-live", type=int, nargs="*", default=[], help="also with the caches at N episodes at once")
     a = p.parse_args(argv)
     parts = a.parts or (["simulate", "agent", "guidance"] + (["main_job"] if a.main_job else []))
     out = {"bench": "entrypoints"}
@@ -220,7 +230,9 @@ def main(argv=None) -> int:
             log(f"== {part}")
             t0 = time.time()
             out[part] = {"simulate": part_simulate, "agent": lambda t: part_agent(t, a.agent_steps),
-                         "rollout": lambda t: part_rollout(t, a.rollout_agent, episodes=a.rollout_episodes),
+                         "rollout": lambda t: part_rollout(t, a.rollout_agent, episodes=a.rollout_episodes,
+                                                           repeats=a.rollout_repeats, agent_batch=a.rollout_agent_batch,
+                                                           kv_mb=a.rollout_kv_mb, live=tuple(a.rollout_live)),
                          "guidance": part_guidance, "main_job": part_main_job}[part](tmp)
             out[part]["bench_seconds"] = r(time.time() - t0, 1)
             log(json.dumps(out[part]))

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from typing import Sequence
 
 # Memory for the caches a caller keeps between turns (an agent's episodes, an LM user's): SmolLM2-135M holds 23 KB a
-# token in bf16, so 1 GiB is ~45k tokens, about 50 live episodes of 4 turns; prompts past it are prefilled whole.
-KV_CACHE_MB = 1024
+# token in bf16, so 2 GiB is ~90k tokens, about 130 live episodes of an agent's ~700 tokens; prompts past it are
+# prefilled whole. Many live episodes with every cache kept is what pays: 84 at once ran 1.88x faster with their
+# caches, 32 at once 1.44x (bench_entrypoints.py --parts rollout, docs/benchmarks.md).
+KV_CACHE_MB = 2048
 
 
 @dataclass
