@@ -94,7 +94,13 @@ def play(agent, args: FilteredBCArgs, simulator: str, split: str, seeds, gyms: l
         if done % every == 0 or done == len(specs):
             print(f"  {split} vs {simulator}: {done}/{len(specs)} episodes ({time.time() - t0:.0f}s)", flush=True)
 
-    return run_episodes(agent, sim, specs, max_live=args.max_live, on_result=progress)
+    results = run_episodes(agent, sim, specs, max_live=args.max_live, on_result=progress)
+    for side, who in (("agent", agent), ("user", sim)):  # caches that did not fit were prefilled whole each turn
+        store = getattr(who, "kv", None)
+        if store is not None and store.budget > 0:
+            print(f"  {side} caches: peak {store.peak_bytes / 2**20:.0f} MiB of {store.budget / 2**20:.0f}, "
+                  f"{store.dropped} dropped", flush=True)
+    return results
 
 
 def select(results, keep_above: float) -> list:

@@ -115,6 +115,18 @@ def test_policy_agent_resumes_each_episode_from_its_last_turn(varied_lm):
     kept, resumed = play(1024)
     fresh, none = play(0)
     tight, _ = play(1e-6)
+    from generator.engine.resume import CacheStore
+
+    store = CacheStore(1e-6)  # the counters: every cache handed back is dropped, nothing is held
+    big = CacheStore(1024)
+    agent = PolicyAgent(model, tok, max_new_tokens=5, temperature=0, kv_cache_mb=1e-6)
+    agent.kv = store
+    run_episodes(agent, ScriptedUser("oracle"), specs)
+    agent = PolicyAgent(model, tok, max_new_tokens=5, temperature=0)
+    agent.kv = big
+    run_episodes(agent, ScriptedUser("oracle"), specs)
+    assert store.dropped == sum(n for _, n in resumed) and store.peak_bytes == 0
+    assert big.dropped == 0 and big.peak_bytes > 0
     assert kept == fresh == tight
     # every episode starts at once: the first call has nothing to resume, each later one resumes all it holds
     assert resumed[0] == (0, len(specs)) and len(resumed) > 1

@@ -87,6 +87,8 @@ class CacheStore:
     def __init__(self, budget_mb: float):
         self.budget = int(budget_mb * 2**20)
         self.held: dict = {}
+        self.dropped = 0  # caches handed back that did not fit (their prompts were then prefilled whole)
+        self.peak_bytes = 0
 
     def take(self, keys: Sequence) -> list | None:
         """The states for `keys` (None where nothing is held or the key is None), removed from the store; None when
@@ -98,9 +100,14 @@ class CacheStore:
     def keep(self, keys: Sequence, states: Sequence[PromptCache | None] | None) -> None:
         used = sum(s.nbytes for s in self.held.values())
         for k, s in zip(keys, states or []):
-            if k is not None and s is not None and used + s.nbytes <= self.budget:
+            if k is None or s is None:
+                continue
+            if used + s.nbytes <= self.budget:
                 self.held[k] = s
                 used += s.nbytes
+            else:
+                self.dropped += 1
+        self.peak_bytes = max(self.peak_bytes, used)
 
     def drop(self, key) -> None:
         self.held.pop(key, None)
