@@ -126,7 +126,7 @@ def test_policy_agent_resumes_each_episode_from_its_last_turn(varied_lm):
     agent.kv = big
     run_episodes(agent, ScriptedUser("oracle"), specs)
     assert store.dropped == sum(n for _, n in resumed) and store.peak_bytes == 0
-    assert big.dropped == 0 and big.peak_bytes > 0
+    assert big.dropped == 0 and big.peak_bytes > 0 and big.used == 0 and not len(big)
     assert kept == fresh == tight
     # every episode starts at once: the first call has nothing to resume, each later one resumes all it holds
     assert resumed[0] == (0, len(specs)) and len(resumed) > 1

@@ -127,13 +127,16 @@ class Engine:
         cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
         return out.logits[:, -1, :], cache  # (B, V)
 
+    def _grows(self) -> bool:
+        """True when the engine uses its growing cache: asked for, and every layer of the model full attention."""
+        cfg = self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config") else self.model.config
+        return self.growing_cache and set(getattr(cfg, "layer_types", None) or ["full_attention"]) == {"full_attention"}
+
     def _new_cache(self, rows, first: int | None = None):
         """Our growing cache for plain attention models (Llama-like: every layer full attention), else None (the
         model builds its own: sliding windows, recurrent state). Sized for the longest row and the token budget:
         `first` is how many tokens the first forward writes (the shared prefix; default the longest row)."""
-        cfg = self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config") else self.model.config
-        types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
-        if not self.growing_cache or types != {"full_attention"}:
+        if not self._grows():
             return None
         longest = max(len(r) for r in rows)
         # the first write allocates `first + reserve` slots: exactly the longest row and its token budget
@@ -182,7 +185,7 @@ class Engine:
             cache.batch_repeat_interleave(ids[part].shape[0])  # (1, H, P, D) -> (b, H, P, D) per layer
             return cache
 
-        growing = resumed is not None or (prefix is None and self._new_cache(rows) is not None) or (
+        growing = resumed is not None or (prefix is None and self._grows()) or (
             prefix is not None and all(isinstance(layer, _growing_layer_class()) for layer in prefix.layers))
         if B <= chunk or not growing:
             return self._forward(ids, mask, pos, start(slice(0, B)))
@@ -213,7 +216,7 @@ class Engine:
         B = len(rows)
         held = cached_lengths(rows, states)
         resumed = None
-        if any(held) and self._new_cache(rows) is not None:
+        if any(held) and self._grows():
             p, prefix, resumed = max(held), None, (states, held)  # each row's own cached part, left-padded to p
             rest = [r[c:] for r, c in zip(rows, held)]
             cached_mask = [[0] * (p - c) + [1] * c for c in held]

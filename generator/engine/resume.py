@@ -87,6 +87,7 @@ class CacheStore:
     def __init__(self, budget_mb: float):
         self.budget = int(budget_mb * 2**20)
         self.held: dict = {}
+        self.used = 0  # bytes held
         self.dropped = 0  # caches handed back that did not fit (their prompts were then prefilled whole)
         self.peak_bytes = 0
 
@@ -95,22 +96,24 @@ class CacheStore:
         the budget is 0 (the engine then keeps nothing)."""
         if self.budget <= 0:
             return None
-        return [self.held.pop(k, None) if k is not None else None for k in keys]
+        out = [self.held.pop(k, None) if k is not None else None for k in keys]
+        self.used -= sum(s.nbytes for s in out if s is not None)
+        return out
 
     def keep(self, keys: Sequence, states: Sequence[PromptCache | None] | None) -> None:
-        used = sum(s.nbytes for s in self.held.values())
         for k, s in zip(keys, states or []):
             if k is None or s is None:
                 continue
-            if used + s.nbytes <= self.budget:
+            if self.used + s.nbytes <= self.budget:
                 self.held[k] = s
-                used += s.nbytes
+                self.used += s.nbytes
             else:
                 self.dropped += 1
-        self.peak_bytes = max(self.peak_bytes, used)
+        self.peak_bytes = max(self.peak_bytes, self.used)
 
     def drop(self, key) -> None:
-        self.held.pop(key, None)
+        s = self.held.pop(key, None)
+        self.used -= s.nbytes if s is not None else 0
 
     def __len__(self) -> int:
         return len(self.held)
