@@ -110,21 +110,12 @@ def test_policy_agent_resumes_each_episode_from_its_last_turn(varied_lm):
         agent.engine.complete = spy
         results = run_episodes(agent, ScriptedUser("oracle"), specs)
         assert not agent.kv
-        return [r.tokens.ids for r in results], resumed
+        return [r.tokens.ids for r in results], resumed, agent.kv
 
-    kept, resumed = play(1024)
-    fresh, none = play(0)
-    tight, _ = play(1e-6)
-    from generator.engine.resume import CacheStore
-
-    store = CacheStore(1e-6)  # the counters: every cache handed back is dropped, nothing is held
-    big = CacheStore(1024)
-    agent = PolicyAgent(model, tok, max_new_tokens=5, temperature=0, kv_cache_mb=1e-6)
-    agent.kv = store
-    run_episodes(agent, ScriptedUser("oracle"), specs)
-    agent = PolicyAgent(model, tok, max_new_tokens=5, temperature=0)
-    agent.kv = big
-    run_episodes(agent, ScriptedUser("oracle"), specs)
+    kept, resumed, big = play(1024)
+    fresh, none, _ = play(0)
+    tight, _, store = play(1e-6)
+    # the counters: with the tiny budget every cache handed back is dropped and nothing is held
     assert store.dropped == sum(n for _, n in resumed) and store.peak_bytes == 0
     assert big.dropped == 0 and big.peak_bytes > 0 and big.used == 0 and not len(big)
     assert kept == fresh == tight
