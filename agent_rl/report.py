@@ -9,7 +9,8 @@
    user answers what it is asked); per agent its score with a 95% CI and its episode count, and each agent's paired
    delta against every agent listed before it (the same tasks and seeds for both).
 2. The two agents of `--pair` (A B: trained identically except for their simulator) play the same tasks against every
-   `--simulators` entry (simulators neither met in training): `agent_rl.compare`'s table, B - A per simulator.
+   `--simulators` entry (simulators neither met in training): `agent_rl.compare`'s table, B - A per simulator, with
+   `--pair_repeats` episodes a task (LM users cost far more than the scripted reference).
 
 Episodes are cached in OUT/episodes.jsonl (shared with `agent_rl.evaluate` and `agent_rl.compare`), so a rerun only
 plays what is missing. Writes OUT/report.md and the JSON (`--json`, default OUT/agents.json).
@@ -42,6 +43,8 @@ class ReportArgs(RunArgs):
         "help": "the simulator every agent is scored against (where the tasks' maxima are reachable)"})
     pair: list[str] = field(default_factory=list, metadata={
         "help": "two labels A B from --agents: compared against every --simulators entry (B - A)"})
+    pair_repeats: int = field(default=0, metadata={
+        "help": "episodes per task for the pair's comparison (0: --repeats); a rerun with more reuses the cached ones"})
     json: str = field(default="", metadata={"help": "where the JSON goes (default: OUT/agents.json)"})
 
     def __post_init__(self):
@@ -61,6 +64,8 @@ class ReportArgs(RunArgs):
         if not self.agent_specs:
             raise ConfigError("give at least one agent: --agents LABEL=SPEC [...]")
         check_simulator_spec(self.reference)
+        if self.pair_repeats < 0:
+            raise ConfigError(f"--pair_repeats must be >= 0 (0: the same as --repeats), got {self.pair_repeats}")
         if self.pair and (len(self.pair) != 2 or any(p not in self.agent_specs for p in self.pair)):
             raise ConfigError(f"--pair takes two labels of --agents ({', '.join(self.agent_specs)}), got {self.pair}")
 
@@ -89,12 +94,13 @@ def report(args: ReportArgs) -> dict[str, Any]:
                            "repeats": args.repeats, "agents": agents}
     if args.pair:
         a, b = args.pair
-        sim_args = dataclasses.replace(args, simulators=list(args.simulators))
+        sim_args = dataclasses.replace(args, simulators=list(args.simulators),
+                                       repeats=args.pair_repeats or args.repeats)
         ra, rb = run_agent(args.agent_specs[a], sim_args), run_agent(args.agent_specs[b], sim_args)
         cmp = compare_records(ra, rb, args.gym_list, list(args.simulators), args.seed)
         overall = [r for r in cmp["rows"] if r["gym"] == "overall"]
         out["comparison"] = {
-            "a": a, "b": b, "simulators": list(args.simulators),
+            "a": a, "b": b, "simulators": list(args.simulators), "repeats": sim_args.repeats,
             "episodes_per_agent_and_simulator": {r["simulator"]: r["n"] for r in overall},
             "improved": cmp["improved"], "improved_significantly": cmp["improved_significantly"],
             "worse_significantly": cmp["worse_significantly"], "mean_delta": cmp["mean_delta"],

@@ -107,18 +107,19 @@ def test_report_scores_every_agent_and_compares_the_pair(tmp_path):
     out = tmp_path / "rep"
     argv = ["--agents", "random=scripted:random", "oracle=scripted:oracle", "--pair", "random", "oracle",
             "--reference", "scripted:oracle", "--simulators", "scripted:terse", "--gyms", "intention,travel",
-            "--episodes", "3", "--out", str(out), "--json", str(tmp_path / "agents.json")]
+            "--episodes", "3", "--repeats", "2", "--pair_repeats", "1", "--out", str(out),
+            "--json", str(tmp_path / "agents.json")]
     assert report_main(argv) == 0
     res = json.loads((tmp_path / "agents.json").read_text())
     rand, orac = res["agents"]["random"], res["agents"]["oracle"]
-    assert rand["n"] == orac["n"] == 6 and rand["deltas"] == {}
+    assert rand["n"] == orac["n"] == 12 and rand["deltas"] == {}  # 2 gyms x 3 tasks x 2 repeats
     d = orac["deltas"]["random"]
     # every task paired: the delta is the difference of the two overall scores, and the oracle solves what random cannot
-    assert d["delta"] == pytest.approx(orac["score"] - rand["score"]) and d["ci_low"] > 0 and d["n"] == 6
-    assert orac["by_gym"]["travel"]["n"] == 3
+    assert d["delta"] == pytest.approx(orac["score"] - rand["score"]) and d["ci_low"] > 0 and d["n"] == 12
+    assert orac["by_gym"]["travel"]["n"] == 6
     cmp = res["comparison"]
     assert cmp["a"] == "random" and cmp["b"] == "oracle" and cmp["improved"] == 1
-    assert cmp["episodes_per_agent_and_simulator"] == {"scripted:terse": 6}
+    assert cmp["episodes_per_agent_and_simulator"] == {"scripted:terse": 6} and cmp["repeats"] == 1  # --pair_repeats
     assert "oracle improved on 1 of 1 simulators" in (out / "report.md").read_text()
     # a rerun plays nothing new: every episode comes from the cache
     lines = (out / EPISODES_FILE).read_text().splitlines()
