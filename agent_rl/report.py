@@ -10,7 +10,7 @@
    delta against every agent listed before it (the same tasks and seeds for both).
 2. The two agents of `--pair` (A B: trained identically except for their simulator) play the same tasks against every
    `--simulators` entry (simulators neither met in training): `agent_rl.compare`'s table, B - A per simulator, with
-   `--pair_repeats` episodes a task (LM users cost far more than the scripted reference).
+   `--pair_repeats` episodes a task (an LM user's episode costs more than the scripted reference's).
 
 Episodes are cached in OUT/episodes.jsonl (shared with `agent_rl.evaluate` and `agent_rl.compare`), so a rerun only
 plays what is missing. Writes OUT/report.md and the JSON (`--json`, default OUT/agents.json).
