@@ -73,6 +73,9 @@ class AgentRLArgs(UserSamplingArgs, LoraArgs):
         "help": "decode the rollouts on a merged copy of the LoRA policy in the run's precision (the engine's path "
                 "everywhere else); false decodes the unmerged training model (no extra copy of the weights: for a "
                 "GPU short of memory)"})
+    loss_by_length: bool = field(default=True, metadata={
+        "help": "the loss's micro-batches group episodes of like length, each cut to the columns it uses (the same "
+                "gradient; agent_rl.micro_batches); false: TRL's shuffled micro-batches at the step's full width"})
     kv_cache_mb: float = field(default=KV_CACHE_MB, metadata={
         "help": "memory (MiB) for the episodes' keys and values between the agent's turns, so a turn prefills only "
                 "what came after the last one (0: every turn prefills its whole episode)"})
@@ -225,10 +228,29 @@ def _trainer_class():
     from trl import GRPOTrainer
     from trl.trainer.utils import pad
 
+    from agent_rl.micro_batches import by_length, padded_tokens
+
     class MultiTurnGRPOTrainer(GRPOTrainer):
-        """GRPOTrainer whose rollout function sees each prompt's row, and whose advantages carry turn credits."""
+        """GRPOTrainer whose rollout function sees each prompt's row, whose advantages carry turn credits, and whose
+        loss runs over micro-batches of like-length episodes (`loss_by_length`)."""
 
         _rollout_inputs = None
+        loss_by_length = True
+
+        def _prepare_inputs(self, generation_batch):
+            every = self.args.steps_per_generation * self.num_iterations
+            fresh = self.model.training and (self._step % every == 0 or self._buffered_inputs is None)
+            inputs = super()._prepare_inputs(generation_batch)
+            if not fresh:
+                return inputs
+            ran, real = padded_tokens(self._buffered_inputs)
+            if self.loss_by_length:
+                self._buffered_inputs = by_length(self._buffered_inputs)
+                inputs = self._buffered_inputs[self._step % self.args.steps_per_generation]
+                ran = padded_tokens(self._buffered_inputs)[0]
+            self._metrics["train"]["agent/loss_tokens"].append(float(ran))  # what the loss's forward runs over
+            self._metrics["train"]["agent/loss_padding"].append(1.0 - real / max(ran, 1))
+            return inputs
 
         def _generate_and_score_completions(self, inputs):
             self._rollout_inputs = inputs
@@ -334,6 +356,7 @@ def train(args: AgentRLArgs, grpo, callbacks: list | None = None):
         rollout_func=rollout,
         callbacks=[_step_seconds_callback(), _adapter_base_callback(args.agent_model), *(callbacks or [])],
     )
+    trainer.loss_by_length = args.loss_by_length
     resume = grpo.resume_from_checkpoint
     trainer.train(resume_from_checkpoint=True if str(resume).lower() in ("true", "last") else resume)
     trainer.save_model(grpo.output_dir)

@@ -12,9 +12,11 @@ Parts:
   Both rates are generated tokens (stop token included) over the generation's wall time. Target: >= 0.8.
 - `agent`: `accelerate launch agent_rl/train.py --config configs/agent.yaml` for 3 GRPO steps (8 episodes each)
   against `scripted:oracle`, with the rollouts on the merged inference copy and each episode's cache kept between
-  its turns (the default), on the merged copy prefilling each turn's whole episode (`--kv_cache_mb 0`), and on the
-  unmerged LoRA model without the cache (`--rollout_merge false --kv_cache_mb 0`, the path before); seconds a step
-  and of its rollout, after the first. Target: the default >= 2x faster than the 38-49 s a step measured before.
+  its turns and the loss's micro-batches by length (the default), on the merged copy prefilling each turn's whole
+  episode (`--kv_cache_mb 0`), with TRL's micro-batches at the step's full width (`--loss_by_length false`), and on the
+  unmerged LoRA model with neither (`--rollout_merge false --kv_cache_mb 0 --loss_by_length false`, the path before);
+  seconds a step and of its rollout, after the first, and the loss's padding share. Target: the default >= 2x faster
+  than the 38-49 s a step measured before.
 - `rollout`: 48 episodes of an agent (`--rollout-agent`) against `hf:smollm2-135m-instruct` as the user, sampled as
   `agent_rl.filtered_bc` plays them, with the episodes' caches kept between turns and without, alternating, twice.
 - `guidance`: a guided export (`python -m adversary.guidance`, runs/guided/frozen) answering 128 requests with
@@ -88,7 +90,8 @@ def part_simulate(tmp: Path) -> dict:
 def part_agent(tmp: Path, steps: int = 3) -> dict:
     res = {}
     for label, extra in (("merged", []), ("merged_no_kv", ["--kv_cache_mb", "0"]),
-                         ("unmerged", ["--rollout_merge", "false", "--kv_cache_mb", "0"])):
+                         ("merged_full_width", ["--loss_by_length", "false"]),
+                         ("unmerged", ["--rollout_merge", "false", "--kv_cache_mb", "0", "--loss_by_length", "false"])):
         outdir = tmp / f"agent_{label}"
         cmd = ["accelerate", "launch", "--config_file", str(ROOT / "configs/accelerate/cpu.yaml"),
                "--num_cpu_threads_per_process", str(os.cpu_count()), str(ROOT / "agent_rl/train.py"),
@@ -102,7 +105,10 @@ def part_agent(tmp: Path, steps: int = 3) -> dict:
         hist = json.loads((outdir / "agent_rl.json").read_text())["log_history"]
         times = [h["agent/step_seconds"] for h in hist if "agent/step_seconds" in h]
         rollouts = [h["agent/rollout_seconds"] for h in hist if "agent/rollout_seconds" in h]
-        res[label] = {"wall_s": r(wall, 1), "step_seconds": [r(t, 1) for t in times],
+        padding = [h["agent/loss_padding"] for h in hist if "agent/loss_padding" in h]
+        res[label] = {"loss_padding": [r(x) for x in padding],
+                      "loss_seconds": [r(t - o, 1) for t, o in zip(times, rollouts)],  # the step less its rollout
+                      "wall_s": r(wall, 1), "step_seconds": [r(t, 1) for t in times],
                       "rollout_seconds": [r(t, 1) for t in rollouts],
                       "steady_rollout_s": r(sum(rollouts[1:]) / (len(rollouts) - 1), 1) if len(rollouts) > 1 else None,
                       "steady_step_s": r(sum(times[1:]) / max(1, len(times) - 1), 1) if len(times) > 1 else
@@ -110,6 +116,8 @@ def part_agent(tmp: Path, steps: int = 3) -> dict:
     m, u, nk = (res[k]["steady_step_s"] for k in ("merged", "unmerged", "merged_no_kv"))
     res["speedup_vs_unmerged"] = r(u / m) if m and u else None
     res["speedup_of_kv_cache"] = r(nk / m) if m and nk else None  # the step with / without the cross-turn cache
+    fw = res["merged_full_width"]["steady_step_s"]
+    res["speedup_of_loss_by_length"] = r(fw / m) if m and fw else None
     res["before_s"] = "38-49 (docs/results.md, 2026-12-01)"
     res["met"] = bool(m and m <= 38 / 2)
     return res
