@@ -9,7 +9,9 @@ that return is above `keep_above` and above the task's worst (a task every sampl
 new, one no sample scores on teaches the wrong thing); its agent turns become prompt-completion examples, and TRL's
 SFTTrainer trains a LoRA adapter on them on top of the agent (`agent_rl.sft.train`, loss on the completions only).
 The next round samples from that adapter (a round that keeps nothing trains nothing, and the next samples from
-the same agent). Before the first round and after each, the agent plays the test tasks
+the same agent). With several simulators (`--simulator scripted:oracle,hf:MODEL`, a mixed round) every train task
+is played `samples_per_task` times against each, each simulator's episodes are filtered apart, and one SFT trains on
+all that was kept. Before the first round and after each, the agent plays the test tasks
 against `eval_simulators` (`eval_repeats` episodes a task, the same seeds every time), read as `agent_rl.curve`
 reads GRPO's learning curve: the score with its CI and the paired difference to round 0, in OUTPUT_DIR/curve.jsonl.
 
@@ -33,7 +35,7 @@ if __package__ in (None, ""):  # run as a file (accelerate launch): import the p
     sys.path.insert(0, _root)
 
 from conversations.cli_util import friendly_errors  # noqa: E402
-from conversations.config import parse_config  # noqa: E402
+from conversations.config import ConfigError, parse_config  # noqa: E402
 
 from agent_rl.sft import AgentSFTArgs  # noqa: E402
 from agent_rl.users import UserSamplingArgs  # noqa: E402
@@ -41,7 +43,9 @@ from agent_rl.users import UserSamplingArgs  # noqa: E402
 
 @dataclass
 class FilteredBCArgs(AgentSFTArgs, UserSamplingArgs):
-    simulator: str = field(default="scripted:oracle", metadata={"help": "the user simulator the agent trains against"})
+    simulator: str = field(default="scripted:oracle", metadata={
+        "help": "the user simulator the agent trains against; comma-separated for a mixed round: every train task is "
+                "played `samples_per_task` times against each, and each simulator's episodes are filtered apart"})
     rounds: int = field(default=2, metadata={"help": "sample, keep the best, clone: this many times"})
     samples_per_task: int = field(default=4, metadata={"help": "episodes per train task per round (seeds differ)"})
     keep_above: float = field(default=0.0, metadata={"help": "an episode is kept only with a return above this"})
@@ -64,7 +68,10 @@ class FilteredBCArgs(AgentSFTArgs, UserSamplingArgs):
         self.eval_gym_list = resolve_gyms(self.eval_gyms)
         check_ranges(self, {"rounds": ">= 1", "samples_per_task": ">= 1", "epochs": "> 0", "eval_repeats": ">= 1",
                             "agent_batch_size": ">= 1", "max_live": ">= 1"})
-        for spec in [self.simulator, *self.eval_simulators.split(",")]:
+        self.simulators = self.simulator.split(",")
+        if len(set(self.simulators)) != len(self.simulators):
+            raise ConfigError(f"simulator: '{self.simulator}' names a simulator twice")
+        for spec in [*self.simulators, *self.eval_simulators.split(",")]:
             check_simulator_spec(spec)
 
 
@@ -162,12 +169,20 @@ def run(args: FilteredBCArgs, sft) -> dict:
             summary = json.loads((rdir / "round.json").read_text())
         else:
             seeds = range((k - 1) * args.samples_per_task, k * args.samples_per_task)  # new seeds every round
-            results = play(load(agent, args), args, args.simulator, "train", seeds, args.gym_list)
-            kept = select(results, args.keep_above)
+            policy = load(agent, args)
+            played = {s: play(policy, args, s, "train", seeds, args.gym_list) for s in args.simulators}
+            chosen = {s: select(res, args.keep_above) for s, res in played.items()}  # each user's best, apart
+            results = [r for res in played.values() for r in res]
+            kept = [r for best in chosen.values() for r in best]
             rows = examples(kept)
             summary = {"round": k, "episodes": len(results),
                        "mean_return": sum(r.total for r in results) / len(results), "tasks_kept": len(kept),
                        "examples": len(rows)}
+            if len(played) > 1:
+                summary["by_simulator"] = {
+                    s: {"episodes": len(res), "mean_return": sum(r.total for r in res) / len(res),
+                        "tasks_kept": len(chosen[s]), "examples": len(examples(chosen[s]))}
+                    for s, res in played.items()}
             if rows:
                 round_sft = copy.deepcopy(sft)
                 round_sft.output_dir = str(rdir)

@@ -379,3 +379,27 @@ def test_filtered_bc_round_that_keeps_nothing_leaves_the_agent_as_it_was(echo_gy
     assert [c["agent"] for c in result["curve"]] == ["tiny-random", "tiny-random"]
     assert result["curve"][1]["simulators"]["scripted:oracle"]["vs_start"][0] == 0.0  # the same agent, same seeds
     assert run(args, sft)["curve"] == result["curve"]
+
+
+def test_filtered_bc_mixed_round_plays_and_filters_each_simulator_apart(echo_gym, tmp_path, capsys):
+    from trl import SFTConfig
+
+    from agent_rl.filtered_bc import FilteredBCArgs, run
+
+    argv = ["--agent_model", "tiny-random", "--simulator", "scripted:oracle,scripted:terse", "--gyms", echo_gym,
+            "--eval_gyms", echo_gym, "--rounds", "1", "--samples_per_task", "2", "--eval_repeats", "1",
+            "--dtype", "fp32", "--lora_r", "4", "--lora_alpha", "8", "--per_device_train_batch_size", "2",
+            "--max_length", "512", "--report_to", "none", "--output_dir", str(tmp_path / "fbc"),
+            "--save_strategy", "no", "--bf16", "false"]
+    args, sft = parse_config((FilteredBCArgs, SFTConfig), argv)
+    r1 = run(args, sft)["rounds"][0]
+    by = r1["by_simulator"]
+    assert list(by) == ["scripted:oracle", "scripted:terse"]
+    assert [b["episodes"] for b in by.values()] == [6, 6] and r1["episodes"] == 12
+    assert r1["tasks_kept"] == sum(b["tasks_kept"] for b in by.values())
+    assert r1["examples"] == sum(b["examples"] for b in by.values())
+    out = capsys.readouterr().out
+    assert "train vs scripted:oracle: 6/6 episodes" in out and "train vs scripted:terse: 6/6 episodes" in out
+    with pytest.raises(ConfigError, match="names a simulator twice"):
+        parse_config((FilteredBCArgs, SFTConfig), [*argv[:2], "--simulator", "scripted:oracle,scripted:oracle",
+                                                   *argv[4:]])
