@@ -17,7 +17,8 @@ reads GRPO's learning curve: the score with its CI and the paired difference to 
 
 Why: GRPO at 8 episodes a step did not raise the held-out score in 96 steps (docs/results.md); this spends the same
 rollouts on a lower-variance update (only successes, each cloned). A round's episodes and adapter are kept in
-OUTPUT_DIR/round-N: a rerun resumes at the first round without an adapter.
+OUTPUT_DIR/round-N: a rerun resumes at the first round without an adapter, and replays none of the episodes that
+round already played (ROUND_DIR/kept-I.json, one file a simulator).
 """
 
 from __future__ import annotations
@@ -133,6 +134,27 @@ def examples(episodes) -> list[dict]:
     return rows
 
 
+def kept_part(rdir: Path, i: int, simulator: str, k: int, agent: str, args: FilteredBCArgs, policy: dict) -> dict:
+    """Round k's episodes against the i-th simulator, filtered: what was kept as examples, and the counts. Written to
+    ROUND_DIR/kept-i.json as soon as they are played, so a round stopped later (in another user's episodes, in the
+    cloning) replays none of them. `policy`: the round's loaded agent, shared by its simulators (loaded once)."""
+    path = rdir / f"kept-{i}.json"
+    if path.exists():
+        part = json.loads(path.read_text())
+        if part.get("simulator") == simulator and part.get("agent") == agent:
+            return part
+    seeds = range((k - 1) * args.samples_per_task, k * args.samples_per_task)  # new seeds every round
+    if "agent" not in policy:
+        policy["agent"] = load(agent, args)
+    results = play(policy["agent"], args, simulator, "train", seeds, args.gym_list)
+    best = select(results, args.keep_above)
+    part = {"simulator": simulator, "agent": agent, "episodes": len(results),
+            "return_sum": sum(r.total for r in results), "tasks_kept": len(best), "rows": examples(best)}
+    rdir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(part))
+    return part
+
+
 def run(args: FilteredBCArgs, sft) -> dict:
     import copy
     from dataclasses import replace
@@ -168,21 +190,16 @@ def run(args: FilteredBCArgs, sft) -> dict:
         if (rdir / "round.json").exists():  # resumed: this round is done
             summary = json.loads((rdir / "round.json").read_text())
         else:
-            seeds = range((k - 1) * args.samples_per_task, k * args.samples_per_task)  # new seeds every round
-            policy = load(agent, args)
-            played = {s: play(policy, args, s, "train", seeds, args.gym_list) for s in args.simulators}
-            chosen = {s: select(res, args.keep_above) for s, res in played.items()}  # each user's best, apart
-            results = [r for res in played.values() for r in res]
-            kept = [r for best in chosen.values() for r in best]
-            rows = examples(kept)
-            summary = {"round": k, "episodes": len(results),
-                       "mean_return": sum(r.total for r in results) / len(results), "tasks_kept": len(kept),
-                       "examples": len(rows)}
-            if len(played) > 1:
+            policy: dict = {}
+            parts = [kept_part(rdir, i, s, k, agent, args, policy) for i, s in enumerate(args.simulators)]
+            rows = [row for part in parts for row in part["rows"]]
+            episodes = sum(p["episodes"] for p in parts)
+            summary = {"round": k, "episodes": episodes, "mean_return": sum(p["return_sum"] for p in parts) / episodes,
+                       "tasks_kept": sum(p["tasks_kept"] for p in parts), "examples": len(rows)}
+            if len(parts) > 1:
                 summary["by_simulator"] = {
-                    s: {"episodes": len(res), "mean_return": sum(r.total for r in res) / len(res),
-                        "tasks_kept": len(chosen[s]), "examples": len(examples(chosen[s]))}
-                    for s, res in played.items()}
+                    p["simulator"]: {"episodes": p["episodes"], "mean_return": p["return_sum"] / p["episodes"],
+                                     "tasks_kept": p["tasks_kept"], "examples": len(p["rows"])} for p in parts}
             if rows:
                 round_sft = copy.deepcopy(sft)
                 round_sft.output_dir = str(rdir)

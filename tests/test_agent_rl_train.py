@@ -1,5 +1,6 @@
 """Multi-turn GRPO on TRL: token bookkeeping of the LM agent (env_mask), and a smoke training run with tiny models."""
 
+import json
 import math
 from pathlib import Path
 
@@ -400,6 +401,14 @@ def test_filtered_bc_mixed_round_plays_and_filters_each_simulator_apart(echo_gym
     assert r1["examples"] == sum(b["examples"] for b in by.values())
     out = capsys.readouterr().out
     assert "train vs scripted:oracle: 6/6 episodes" in out and "train vs scripted:terse: 6/6 episodes" in out
+    # a round stopped in its cloning: the rerun replays no episode, and clones the same examples
+    rdir = tmp_path / "fbc" / "round-1"
+    assert [json.loads((rdir / f"kept-{i}.json").read_text())["simulator"] for i in (0, 1)] == list(by)
+    (rdir / "round.json").unlink()
+    (tmp_path / "fbc" / "curve.jsonl").write_text((tmp_path / "fbc" / "curve.jsonl").read_text().splitlines()[0] + "\n")
+    again = run(args, sft)["rounds"][0]
+    assert "train vs" not in capsys.readouterr().out
+    assert again["by_simulator"] == by and again["steps"] == r1["steps"]
     with pytest.raises(ConfigError, match="names a simulator twice"):
         parse_config((FilteredBCArgs, SFTConfig), [*argv[:2], "--simulator", "scripted:oracle,scripted:oracle",
                                                    *argv[4:]])
