@@ -23,6 +23,7 @@ round already played (ROUND_DIR/kept-I.json, one file a simulator).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -134,19 +135,16 @@ def examples(episodes) -> list[dict]:
     return rows
 
 
-def kept_part(rdir: Path, i: int, simulator: str, k: int, agent: str, args: FilteredBCArgs, policy: dict) -> dict:
-    """Round k's episodes against the i-th simulator, filtered: what was kept as examples, and the counts. Written to
+def kept_part(rdir: Path, i: int, simulator: str, seeds, agent: str, args: FilteredBCArgs, policy) -> dict:
+    """A round's episodes against the i-th simulator, filtered: what was kept as examples, and the counts. Written to
     ROUND_DIR/kept-i.json as soon as they are played, so a round stopped later (in another user's episodes, in the
-    cloning) replays none of them. `policy`: the round's loaded agent, shared by its simulators (loaded once)."""
+    cloning) replays none of them. `policy()`: the round's agent `agent`, loaded once for all its simulators."""
     path = rdir / f"kept-{i}.json"
     if path.exists():
         part = json.loads(path.read_text())
         if part.get("simulator") == simulator and part.get("agent") == agent:
             return part
-    seeds = range((k - 1) * args.samples_per_task, k * args.samples_per_task)  # new seeds every round
-    if "agent" not in policy:
-        policy["agent"] = load(agent, args)
-    results = play(policy["agent"], args, simulator, "train", seeds, args.gym_list)
+    results = play(policy(), args, simulator, "train", seeds, args.gym_list)
     best = select(results, args.keep_above)
     part = {"simulator": simulator, "agent": agent, "episodes": len(results),
             "return_sum": sum(r.total for r in results), "tasks_kept": len(best), "rows": examples(best)}
@@ -190,8 +188,9 @@ def run(args: FilteredBCArgs, sft) -> dict:
         if (rdir / "round.json").exists():  # resumed: this round is done
             summary = json.loads((rdir / "round.json").read_text())
         else:
-            policy: dict = {}
-            parts = [kept_part(rdir, i, s, k, agent, args, policy) for i, s in enumerate(args.simulators)]
+            seeds = range((k - 1) * args.samples_per_task, k * args.samples_per_task)  # new seeds every round
+            policy = functools.cache(lambda spec=agent: load(spec, args))
+            parts = [kept_part(rdir, i, s, seeds, agent, args, policy) for i, s in enumerate(args.simulators)]
             rows = [row for part in parts for row in part["rows"]]
             episodes = sum(p["episodes"] for p in parts)
             summary = {"round": k, "episodes": episodes, "mean_return": sum(p["return_sum"] for p in parts) / episodes,

@@ -51,27 +51,17 @@ def _cut(chunk: dict) -> dict:
 def by_length(chunks: list[dict]) -> list[dict]:
     """The same episodes in as many micro-batches of the same sizes, longest first, each cut to its used columns."""
     import torch
+    from trl.trainer.utils import split_tensor_dict
 
     if not chunks:
         return chunks
     merged = _merge(chunks)
     lengths = merged["prompt_mask"].sum(1) + merged["completion_mask"].sum(1)  # (B,)
     order = torch.argsort(lengths, descending=True, stable=True)
-    out, start = [], 0
-    for chunk in chunks:
-        size = len(chunk["prompt_ids"])
-        rows = order[start:start + size]
-        start += size
-        part = {}
-        for key, value in merged.items():
-            if value is None or (isinstance(value, torch.Tensor) and value.ndim == 0):
-                part[key] = value
-            elif isinstance(value, torch.Tensor):
-                part[key] = value[rows]
-            else:
-                part[key] = [value[int(i)] for i in rows]
-        out.append(_cut(part))
-    return out
+    ordered = {key: value[order] if isinstance(value, torch.Tensor) and value.ndim > 0
+               else [value[int(i)] for i in order] if isinstance(value, list) else value
+               for key, value in merged.items()}
+    return [_cut(part) for part in split_tensor_dict(ordered, len(chunks))]
 
 
 def padded_tokens(chunks: list[dict]) -> tuple[int, int]:
