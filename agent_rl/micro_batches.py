@@ -8,6 +8,12 @@ each to the columns it uses: the prompt's left padding and the completion's righ
 The gradient is the same. TRL's token-level losses (dapo, the default, dr_grpo, grpo) sum over tokens and normalise
 by counts that do not depend on how the episodes are grouped ("bnpo" normalises per micro-batch, and would change);
 the rows' positions shift by the columns cut, and rotary attention depends only on position differences.
+
+`by_prefix` groups them instead so that a micro-batch's episodes share their prompt (GRPO's group: one task played
+`num_generations` times; the system prompt and the gym's rules are ~35-60% of an episode's tokens here), and
+`shared_prefix_logps` runs that common prefix once: its keys and values, computed with the gradient on, are
+broadcast to every row, and each row's remaining tokens run on top. The gradient is the same (every row's loss
+reaches the prefix's activations through that one copy); a unit test checks the log-probs and every gradient.
 """
 
 from __future__ import annotations
@@ -69,3 +75,84 @@ def padded_tokens(chunks: list[dict]) -> tuple[int, int]:
     ran = sum(c["prompt_mask"].numel() + c["completion_mask"].numel() for c in chunks)
     real = sum(int(c["prompt_mask"].sum() + c["completion_mask"].sum()) for c in chunks)
     return ran, real
+
+
+def by_prefix(chunks: list[dict]) -> list[dict]:
+    """The same episodes in as many micro-batches of the same sizes, those with the same prompt together (longest
+    first within a prompt), each cut to its used columns."""
+    import torch
+    from trl.trainer.utils import split_tensor_dict
+
+    if not chunks:
+        return chunks
+    merged = _merge(chunks)
+    prompts = [tuple(ids[mask.bool()].tolist()) for ids, mask in zip(merged["prompt_ids"], merged["prompt_mask"])]
+    lengths = (merged["prompt_mask"].sum(1) + merged["completion_mask"].sum(1)).tolist()  # (B,)
+    order = torch.tensor(sorted(range(len(prompts)), key=lambda i: (prompts[i], -lengths[i], i)))
+    ordered = {key: value[order] if isinstance(value, torch.Tensor) and value.ndim > 0
+               else [value[int(i)] for i in order] if isinstance(value, list) else value
+               for key, value in merged.items()}
+    return [_cut(part) for part in split_tensor_dict(ordered, len(chunks))]
+
+
+def common_prefix(rows: list) -> int:
+    """How many leading tokens every row (a 1-D tensor) shares."""
+    import torch
+
+    n = min(len(r) for r in rows)
+    if n == 0 or len(rows) == 1:
+        return n
+    first = rows[0][:n]
+    same = torch.stack([r[:n] == first for r in rows[1:]]).all(0)  # (n,)
+    differ = (~same).nonzero()
+    return int(differ[0]) if len(differ) else n
+
+
+def shared_prefix_logps(model, input_ids, attention_mask, logits_to_keep: int, compute_entropy: bool = False,
+                        min_shared: int = 16):
+    """(logps, entropies, saved): the completion tokens' log-probs and entropies as TRL's fused LM head gives them
+    (`input_ids`: prompts left-padded, then `logits_to_keep` completion columns right-padded; (B, logits_to_keep)
+    each, 0 at padding) with the rows' common prefix run once, and the tokens that spared ((B - 1) x the prefix).
+    None when the rows share fewer than `min_shared` tokens or a row's completion is not one block of tokens: the
+    caller runs its usual forward."""
+    import inspect
+
+    import torch
+
+    B, W = input_ids.shape
+    P = W - logits_to_keep  # the prompt's padded width
+    prompt_lens = attention_mask[:, :P].sum(1).tolist()
+    completion_mask = attention_mask[:, P:]
+    completion_lens = completion_mask.sum(1).tolist()
+    if B < 2 or any(int(completion_mask[b, :n].sum()) != n for b, n in enumerate(completion_lens)):
+        return None
+    rows = [torch.cat([input_ids[b, P - p:P], input_ids[b, P:P + c]])
+            for b, (p, c) in enumerate(zip(prompt_lens, completion_lens))]
+    # the prefix ends before each row's last prompt token, whose output scores the row's first completion token
+    L = min(common_prefix(rows), min(prompt_lens) - 1)
+    if L < min_shared:
+        return None
+    S = max(len(r) for r in rows) - L
+    suffix = torch.zeros(B, S, dtype=input_ids.dtype, device=input_ids.device)
+    suffix_mask = torch.zeros(B, S, dtype=attention_mask.dtype, device=attention_mask.device)
+    labels = torch.full((B, S), -100, dtype=input_ids.dtype, device=input_ids.device)  # pre-shifted: t scores t + 1
+    for b, (r, p) in enumerate(zip(rows, prompt_lens)):
+        n = len(r) - L
+        suffix[b, :n], suffix_mask[b, :n] = r[L:], 1
+        labels[b, p - 1 - L:n - 1] = r[p:]  # the completion tokens, each at the position that predicts it
+    params = inspect.signature(model.forward).parameters
+    cache_kw = "past_key_values" if "past_key_values" in params and "cache" not in params else "cache"
+    head = model(input_ids=rows[0][None, :L], use_cache=True, logits_to_keep=1)
+    cache = getattr(head, "cache", None) or head.past_key_values
+    for layer in cache.layers:  # (1, H, L, D) -> (B, H, L, D), a view: the gradient of every row reaches the one copy
+        layer.keys, layer.values = layer.keys.expand(B, -1, -1, -1), layer.values.expand(B, -1, -1, -1)
+    full_mask = torch.cat([suffix_mask.new_ones(B, L), suffix_mask], 1)
+    out = model(input_ids=suffix, attention_mask=full_mask, shift_labels=labels, fused_lm_head=True,
+                **{cache_kw: cache})
+    logps = out.log_probs.new_zeros(B, logits_to_keep)
+    entropies = out.log_probs.new_zeros(B, logits_to_keep) if compute_entropy else None
+    for b, (p, c) in enumerate(zip(prompt_lens, completion_lens)):
+        logps[b, :c] = out.log_probs[b, p - 1 - L:p - 1 - L + c]
+        if compute_entropy:
+            entropies[b, :c] = out.entropy[b, p - 1 - L:p - 1 - L + c]
+    return logps, entropies, (B - 1) * L

@@ -76,6 +76,10 @@ class AgentRLArgs(UserSamplingArgs, LoraArgs):
     loss_by_length: bool = field(default=True, metadata={
         "help": "the loss's micro-batches group episodes of like length, each cut to the columns it uses (the same "
                 "gradient; agent_rl.micro_batches); false: TRL's shuffled micro-batches at the step's full width"})
+    loss_share_prefix: bool = field(default=True, metadata={
+        "help": "the loss's micro-batches group the episodes of one prompt, and their common prefix (system prompt, "
+                "rules, first observation) runs once per micro-batch (the same gradient; agent_rl.micro_batches); "
+                "takes the place of loss_by_length's grouping"})
     kv_cache_mb: float = field(default=KV_CACHE_MB, metadata={
         "help": "memory (MiB) for the episodes' keys and values between the agent's turns, so a turn prefills only "
                 "what came after the last one (0: every turn prefills its whole episode)"})
@@ -228,14 +232,16 @@ def _trainer_class():
     from trl import GRPOTrainer
     from trl.trainer.utils import pad
 
-    from agent_rl.micro_batches import by_length, padded_tokens
+    from agent_rl.micro_batches import by_length, by_prefix, padded_tokens, shared_prefix_logps
 
     class MultiTurnGRPOTrainer(GRPOTrainer):
         """GRPOTrainer whose rollout function sees each prompt's row, whose advantages carry turn credits, and whose
-        loss runs over micro-batches of like-length episodes (`loss_by_length`)."""
+        loss runs over micro-batches of like-length episodes (`loss_by_length`) or of one prompt's episodes, their
+        common prefix run once (`loss_share_prefix`)."""
 
         _rollout_inputs = None
         loss_by_length = True
+        loss_share_prefix = False
 
         def _prepare_inputs(self, generation_batch):
             every = self.args.steps_per_generation * self.num_iterations
@@ -244,13 +250,27 @@ def _trainer_class():
             if not fresh:
                 return inputs
             ran, real = padded_tokens(self._buffered_inputs)
-            if self.loss_by_length:
-                self._buffered_inputs = by_length(self._buffered_inputs)
+            if self.loss_share_prefix or self.loss_by_length:
+                self._buffered_inputs = (by_prefix if self.loss_share_prefix else by_length)(self._buffered_inputs)
                 inputs = self._buffered_inputs[self._step % self.args.steps_per_generation]
                 ran = padded_tokens(self._buffered_inputs)[0]
             self._metrics["train"]["agent/loss_tokens"].append(float(ran))  # what the loss's forward runs over
             self._metrics["train"]["agent/loss_padding"].append(1.0 - real / max(ran, 1))
             return inputs
+
+        def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
+                                               batch_size=None, compute_entropy=False, compute_aux_loss=False, **extra):
+            plain = not compute_aux_loss and all(v is None for v in extra.values())
+            if self.loss_share_prefix and plain and (batch_size is None or batch_size >= len(input_ids)):
+                with self.accelerator.autocast():
+                    out = shared_prefix_logps(model, input_ids, attention_mask, logits_to_keep, compute_entropy)
+                if out is not None:
+                    self._metrics["train" if model.training else "eval"]["agent/loss_shared_tokens"].append(
+                        float(out[2]))
+                    return out[0], out[1], None
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **extra)
 
         def _generate_and_score_completions(self, inputs):
             self._rollout_inputs = inputs
@@ -356,7 +376,7 @@ def train(args: AgentRLArgs, grpo, callbacks: list | None = None):
         rollout_func=rollout,
         callbacks=[_step_seconds_callback(), _adapter_base_callback(args.agent_model), *(callbacks or [])],
     )
-    trainer.loss_by_length = args.loss_by_length
+    trainer.loss_by_length, trainer.loss_share_prefix = args.loss_by_length, args.loss_share_prefix
     resume = grpo.resume_from_checkpoint
     trainer.train(resume_from_checkpoint=True if str(resume).lower() in ("true", "last") else resume)
     trainer.save_model(grpo.output_dir)

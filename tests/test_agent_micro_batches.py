@@ -4,7 +4,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from agent_rl.micro_batches import by_length, padded_tokens  # noqa: E402
+from agent_rl.micro_batches import by_length, by_prefix, common_prefix, padded_tokens, shared_prefix_logps  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -86,3 +86,69 @@ def test_by_length_gives_the_same_loss_and_gradient(varied_lm):
     assert torch.allclose(l0, l1, atol=1e-5)
     assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(g0, g1))
     assert any(a.abs().sum() > 0 for a in g0)
+
+
+def test_by_prefix_puts_one_prompts_episodes_together_longest_first():
+    batch = _batch([3, 3, 3, 3], [4, 9, 2, 6], seed=2)
+    batch["prompt_ids"][2:] = batch["prompt_ids"][0]  # episodes 0, 2, 3 share a prompt; 1 has its own
+    batch["prompt_ids"][1, -1] = 1 + batch["prompt_ids"][0, -1] % 40
+    out = by_prefix(_split(batch, 2))
+    shared_first = batch["prompt_ids"][0].tolist() < batch["prompt_ids"][1].tolist()
+    expected = [["ep3", "ep0"], ["ep2", "ep1"]] if shared_first else [["ep1", "ep3"], ["ep0", "ep2"]]
+    assert [c["names"] for c in out] == expected
+    assert padded_tokens(out)[1] == padded_tokens(_split(batch, 2))[1]
+
+
+def _fused_lora_model():
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from trl.trainer.utils import add_fused_lm_head
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, initializer_range=0.5, tie_word_embeddings=True, pad_token_id=0)
+    base = LlamaForCausalLM(cfg)
+    add_fused_lm_head(base, outputs=("log_probs", "entropy"))  # as GRPOTrainer patches the policy
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+    return get_peft_model(base, lora).train()
+
+
+def test_shared_prefix_gives_trls_logps_entropies_and_gradient():
+    model = _fused_lora_model()
+    # three episodes of one task: a shared 20-token system prompt, first observations of 2-4 tokens, then turns
+    batch = _batch([22, 24, 23], [9, 14, 5], vocab=63, seed=3)
+    P, system = batch["prompt_ids"].shape[1], torch.arange(1, 21)
+    for b, p in enumerate((22, 24, 23)):  # left-padded: row b's prompt starts at P - p
+        batch["prompt_ids"][b, P - p:P - p + 20] = system
+    batch["prompt_ids"][1, P - 24 + 2] = 63  # row 1 leaves the system prompt after 2 tokens
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    T = batch["completion_ids"].shape[1]
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, :-T] = -100
+    results = []
+    for shared in (False, True):
+        model.zero_grad()
+        if shared:
+            logps, entropies, spared = shared_prefix_logps(model, ids, mask, T, compute_entropy=True, min_shared=2)
+            assert spared == 2 * 2  # rows 0 and 2 share 20 tokens, row 1 only 2: the prefix is the 2
+        else:
+            out = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
+            logps, entropies = out.log_probs[:, -T:], out.entropy[:, -T:]
+        (-batch["advantages"] * logps * batch["tool_mask"]).sum().backward()
+        results.append((logps.detach() * batch["completion_mask"], entropies.detach() * batch["completion_mask"],
+                        [p.grad.clone() for p in model.parameters() if p.requires_grad]))
+    (lp0, en0, g0), (lp1, en1, g1) = results
+    assert torch.allclose(lp0, lp1, atol=1e-5) and torch.allclose(en0, en1, atol=1e-5)
+    # fp32 sums in another order: within 1e-5 of each gradient's largest entry (gradients here reach ~35)
+    assert all((a - b).abs().max() <= 1e-5 * a.abs().max() for a, b in zip(g0, g1))
+    assert all(a.abs().sum() > 0 for a in g0)  # every LoRA weight has a gradient, the prefix's included
+
+
+def test_shared_prefix_declines_rows_that_share_too_little():
+    model = _fused_lora_model()
+    batch = _batch([5, 6], [4, 3], vocab=63, seed=4)
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    assert shared_prefix_logps(model, ids, mask, 4) is None
+    assert common_prefix([torch.tensor([1, 2, 3]), torch.tensor([1, 2, 4]), torch.tensor([1, 2])]) == 2

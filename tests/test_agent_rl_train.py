@@ -167,6 +167,7 @@ def test_smoke_training_updates_the_adapter(echo_gym, tmp_path, capsys):
         assert math.isfinite(h["agent/return/echo_test"]) and 0 <= h["agent/format_ok"] <= 1
         assert h["agent/turns/echo_test"] == h["agent/turns"] >= 1  # one gym: its turns are all the turns
         assert h["agent/step_seconds"] > 0  # the step's wall time, rollouts included
+        assert h["agent/loss_shared_tokens"] > 0  # one task's episodes in a micro-batch: their system prompt ran once
     assert any(h["reward_std"] > 0 for h in logs)
     # every LoRA parameter moved (B starts at zero and moves at step 1; A gets a gradient from step 2)
     after = dict(trainer.model.named_parameters())
