@@ -54,20 +54,34 @@ def _cut(chunk: dict) -> dict:
     return out
 
 
-def by_length(chunks: list[dict]) -> list[dict]:
-    """The same episodes in as many micro-batches of the same sizes, longest first, each cut to its used columns."""
+def _regroup(chunks: list[dict], rank_of) -> list[dict]:
+    """The same episodes in as many micro-batches of the same sizes, ordered by `rank_of(merged)(i)` over the merged
+    batch's episodes i (ties in their order), each cut to its used columns."""
     import torch
     from trl.trainer.utils import split_tensor_dict
 
     if not chunks:
         return chunks
     merged = _merge(chunks)
-    lengths = merged["prompt_mask"].sum(1) + merged["completion_mask"].sum(1)  # (B,)
-    order = torch.argsort(lengths, descending=True, stable=True)
+    rank = rank_of(merged)
+    order = torch.tensor(sorted(range(len(merged["prompt_ids"])), key=lambda i: (rank(i), i)))
     ordered = {key: value[order] if isinstance(value, torch.Tensor) and value.ndim > 0
                else [value[int(i)] for i in order] if isinstance(value, list) else value
                for key, value in merged.items()}
     return [_cut(part) for part in split_tensor_dict(ordered, len(chunks))]
+
+
+def _lengths(merged: dict) -> list[int]:
+    return (merged["prompt_mask"].sum(1) + merged["completion_mask"].sum(1)).tolist()  # (B,)
+
+
+def by_length(chunks: list[dict]) -> list[dict]:
+    """The same episodes in as many micro-batches of the same sizes, longest first, each cut to its used columns."""
+    def key(merged):
+        lengths = _lengths(merged)
+        return lambda i: -lengths[i]
+
+    return _regroup(chunks, key)
 
 
 def padded_tokens(chunks: list[dict]) -> tuple[int, int]:
@@ -80,19 +94,12 @@ def padded_tokens(chunks: list[dict]) -> tuple[int, int]:
 def by_prefix(chunks: list[dict]) -> list[dict]:
     """The same episodes in as many micro-batches of the same sizes, those with the same prompt together (longest
     first within a prompt), each cut to its used columns."""
-    import torch
-    from trl.trainer.utils import split_tensor_dict
+    def key(merged):
+        prompts = [tuple(ids[m.bool()].tolist()) for ids, m in zip(merged["prompt_ids"], merged["prompt_mask"])]
+        lengths = _lengths(merged)
+        return lambda i: (prompts[i], -lengths[i])
 
-    if not chunks:
-        return chunks
-    merged = _merge(chunks)
-    prompts = [tuple(ids[mask.bool()].tolist()) for ids, mask in zip(merged["prompt_ids"], merged["prompt_mask"])]
-    lengths = (merged["prompt_mask"].sum(1) + merged["completion_mask"].sum(1)).tolist()  # (B,)
-    order = torch.tensor(sorted(range(len(prompts)), key=lambda i: (prompts[i], -lengths[i], i)))
-    ordered = {key: value[order] if isinstance(value, torch.Tensor) and value.ndim > 0
-               else [value[int(i)] for i in order] if isinstance(value, list) else value
-               for key, value in merged.items()}
-    return [_cut(part) for part in split_tensor_dict(ordered, len(chunks))]
+    return _regroup(chunks, key)
 
 
 def common_prefix(rows: list) -> int:
