@@ -120,14 +120,21 @@ def shared_prefix_logps(model, input_ids, attention_mask, logits_to_keep: int, c
     """(logps, entropies, saved): the completion tokens' log-probs and entropies as TRL's fused LM head gives them
     (`input_ids`: prompts left-padded, then `logits_to_keep` completion columns right-padded; (B, logits_to_keep)
     each, 0 at padding) with the rows' common prefix run once, and the tokens that spared ((B - 1) x the prefix).
-    None when the rows share fewer than `min_shared` tokens or a row's completion is not one block of tokens: the
-    caller runs its usual forward."""
+    None when the rows share fewer than `min_shared` tokens, a row's completion is not one block of tokens, or the
+    model recomputes its layers in the backward (activation checkpointing keeps no cache): the caller runs its usual
+    forward."""
     import inspect
 
     import torch
 
     B, W = input_ids.shape
     P = W - logits_to_keep  # the prompt's padded width
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    checkpointed = getattr(base, "is_activation_checkpointing", None)
+    if checkpointed is None:  # transformers < 5.24
+        checkpointed = getattr(base, "is_gradient_checkpointing", False)
+    if checkpointed and model.training and torch.is_grad_enabled():
+        return None  # recomputed layers drop the cache, and the rows would not see the prefix
     prompt_lens = attention_mask[:, :P].sum(1).tolist()
     completion_mask = attention_mask[:, P:]
     completion_lens = completion_mask.sum(1).tolist()
@@ -151,6 +158,8 @@ def shared_prefix_logps(model, input_ids, attention_mask, logits_to_keep: int, c
     cache_kw = "past_key_values" if "past_key_values" in params and "cache" not in params else "cache"
     head = model(input_ids=rows[0][None, :L], use_cache=True, logits_to_keep=1)
     cache = getattr(head, "cache", None) or head.past_key_values
+    if cache is None or cache.get_seq_length() != L:
+        return None
     for layer in cache.layers:  # (1, H, L, D) -> (B, H, L, D), a view: the gradient of every row reaches the one copy
         layer.keys, layer.values = layer.keys.expand(B, -1, -1, -1), layer.values.expand(B, -1, -1, -1)
     full_mask = torch.cat([suffix_mask.new_ones(B, L), suffix_mask], 1)

@@ -152,3 +152,17 @@ def test_shared_prefix_declines_rows_that_share_too_little():
     mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
     assert shared_prefix_logps(model, ids, mask, 4) is None
     assert common_prefix([torch.tensor([1, 2, 3]), torch.tensor([1, 2, 4]), torch.tensor([1, 2])]) == 2
+
+
+def test_shared_prefix_declines_a_model_that_recomputes_its_layers():
+    """Activation checkpointing drops the cache inside the layers: the rows would not see the prefix."""
+    model = _fused_lora_model()
+    batch = _batch([20, 20], [4, 3], vocab=63, seed=5)
+    batch["prompt_ids"][1] = batch["prompt_ids"][0]
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    assert shared_prefix_logps(model, ids, mask, 4) is not None
+    model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert shared_prefix_logps(model, ids, mask, 4) is None
+    with torch.no_grad():  # no backward, no recompute: the cache is kept
+        assert shared_prefix_logps(model, ids, mask, 4) is not None
