@@ -116,16 +116,18 @@ def common_prefix(rows: list) -> int:
 
 
 def shared_prefix_logps(model, input_ids, attention_mask, logits_to_keep: int, compute_entropy: bool = False,
-                        min_shared: int = 16):
+                        min_shared: int | None = None):
     """(logps, entropies, saved): the completion tokens' log-probs and entropies as TRL's fused LM head gives them
     (`input_ids`: prompts left-padded, then `logits_to_keep` completion columns right-padded; (B, logits_to_keep)
     each, 0 at padding) with the rows' common prefix run once, and the tokens that spared ((B - 1) x the prefix).
-    None when the rows share fewer than `min_shared` tokens, a row's completion is not one block of tokens, or the
+    None when the rows share fewer than `min_shared` tokens (default: the engine's `MIN_SHARED_PREFIX`), a row's completion is not one block of tokens, or the
     model recomputes its layers in the backward (activation checkpointing keeps no cache): the caller runs its usual
     forward."""
-    import inspect
-
     import torch
+    from transformers.cache_utils import DynamicLayer
+
+    from generator.engine import MIN_SHARED_PREFIX
+    from generator.engine.cache import cache_keyword
 
     B, W = input_ids.shape
     P = W - logits_to_keep  # the prompt's padded width
@@ -144,7 +146,7 @@ def shared_prefix_logps(model, input_ids, attention_mask, logits_to_keep: int, c
             for b, (p, c) in enumerate(zip(prompt_lens, completion_lens))]
     # the prefix ends before each row's last prompt token, whose output scores the row's first completion token
     L = min(common_prefix(rows), min(prompt_lens) - 1)
-    if L < min_shared:
+    if L < (MIN_SHARED_PREFIX if min_shared is None else min_shared):
         return None
     S = max(len(r) for r in rows) - L
     suffix = torch.zeros(B, S, dtype=input_ids.dtype, device=input_ids.device)
@@ -154,17 +156,15 @@ def shared_prefix_logps(model, input_ids, attention_mask, logits_to_keep: int, c
         n = len(r) - L
         suffix[b, :n], suffix_mask[b, :n] = r[L:], 1
         labels[b, p - 1 - L:n - 1] = r[p:]  # the completion tokens, each at the position that predicts it
-    params = inspect.signature(model.forward).parameters
-    cache_kw = "past_key_values" if "past_key_values" in params and "cache" not in params else "cache"
     head = model(input_ids=rows[0][None, :L], use_cache=True, logits_to_keep=1)
     cache = getattr(head, "cache", None) or head.past_key_values
-    if cache is None or cache.get_seq_length() != L:
-        return None
+    if cache is None or cache.get_seq_length() != L or any(type(layer) is not DynamicLayer for layer in cache.layers):
+        return None  # recurrent or sliding-window layers keep other state than every prefix token's keys and values
     for layer in cache.layers:  # (1, H, L, D) -> (B, H, L, D), a view: the gradient of every row reaches the one copy
         layer.keys, layer.values = layer.keys.expand(B, -1, -1, -1), layer.values.expand(B, -1, -1, -1)
     full_mask = torch.cat([suffix_mask.new_ones(B, L), suffix_mask], 1)
     out = model(input_ids=suffix, attention_mask=full_mask, shift_labels=labels, fused_lm_head=True,
-                **{cache_kw: cache})
+                **{cache_keyword(model): cache})
     logps = out.log_probs.new_zeros(B, logits_to_keep)
     entropies = out.log_probs.new_zeros(B, logits_to_keep) if compute_entropy else None
     for b, (p, c) in enumerate(zip(prompt_lens, completion_lens)):

@@ -3,6 +3,14 @@
 from __future__ import annotations
 
 import functools
+import inspect
+
+
+def cache_keyword(model) -> str:
+    """The forward's name for the key/value cache: transformers 5 calls it `cache`, 4.x `past_key_values`; a PEFT
+    wrapper passes either through."""
+    params = inspect.signature(model.forward).parameters
+    return "past_key_values" if "past_key_values" in params and "cache" not in params else "cache"
 
 
 @functools.lru_cache(maxsize=None)

@@ -9,7 +9,7 @@ from typing import Sequence
 
 from conversations.config import ConfigError
 from conversations.memory import release_memory
-from generator.engine.cache import _growing_layer_class, new_cache
+from generator.engine.cache import _growing_layer_class, cache_keyword, new_cache
 from generator.engine.resume import cached_lengths, row_caches, stacked_cache
 from generator.engine.sampler import NucleusSampler
 from generator.engine.settings import Completion, SamplingSettings, stop_token_ids
@@ -38,8 +38,7 @@ class Engine:
         self._max_new = 64
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stops[0]
         params = inspect.signature(model.forward).parameters
-        # transformers 5 names the cache `cache`, 4.x `past_key_values`; a PEFT wrapper passes either through
-        self._cache_kw = "past_key_values" if "past_key_values" in params and "cache" not in params else "cache"
+        self._cache_kw = cache_keyword(model)
         self._keep_kw = "logits_to_keep" in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
 
     # ---------------------------------------------------------------------------------------------------- public
