@@ -11,7 +11,10 @@ run"); this script runs the same calls in the same order on one model and times 
     python bench/bench_meter_reading.py --model M -- --conv_contexts 24    # anything after -- overrides the preset
 
 Figures: `seconds` per part (and per seed), `rss_mb` the process's resident set after each part and `peak_rss_mb`
-its peak so far, tokens sampled per part where the engine reports them. Run it alone on the machine.
+its peak so far. Run it alone on the machine.
+
+The parts are `HeldoutMeter.evaluate`'s calls in its order, written out here so each can be timed: a change to the
+meter's sequence must be mirrored here.
 """
 
 from __future__ import annotations
