@@ -42,7 +42,9 @@ class RunArgs(UserSamplingArgs):
     gyms: str = field(default="all", metadata={"help": "comma-separated gyms, or 'all'"})
     episodes: int = field(default=0, metadata={"help": "tasks per gym: the first N of the split (0: all)"})
     split: str = field(default="test", metadata={"help": "task split: test (unseen tasks) or train"})
-    repeats: int = field(default=1, metadata={"help": "episodes per task, with seeds 0..repeats-1"})
+    repeats: int = field(default=1, metadata={"help": "episodes per task, with seeds first_seed..first_seed+repeats-1"})
+    first_seed: int = field(default=0, metadata={
+        "help": "the first episode seed: a confirmatory run takes seeds no earlier run read (fresh episodes)"})
     out: str = field(default="runs/eval", metadata={"help": "output folder (episodes.jsonl is the resume cache)"})
     max_turns: int = field(default=0, metadata={"help": "turn limit for every gym (0: each gym's own)"})
     max_live: int = field(default=128, metadata={
@@ -65,7 +67,8 @@ class RunArgs(UserSamplingArgs):
         check_ranges(self, {"repeats": ">= 1", "max_live": ">= 1", "agent_max_new_tokens": ">= 1",
                             "agent_temperature": ">= 0", "agent_batch_size": ">= 1", "user_max_new_tokens": ">= 1",
                             "user_temperature": ">= 0", "user_top_p": "(0, 1]", "user_batch_size": ">= 1",
-                            "episodes": ">= 0", "max_turns": ">= 0", "seed": ">= 0", "torch_threads": ">= 0"})
+                            "episodes": ">= 0", "max_turns": ">= 0", "seed": ">= 0", "torch_threads": ">= 0",
+                            "first_seed": ">= 0"})
         if not self.simulators:
             raise ConfigError("give at least one simulator: --simulators S1 [S2 ...]")
         for spec in self.simulators:
@@ -131,7 +134,8 @@ def run_agent(agent_spec: str, args: RunArgs, agent=None) -> list[dict[str, Any]
     cache_path = out_dir / EPISODES_FILE
     fp = args.fingerprint()
     cached = {r["key"]: r for r in read_episodes(cache_path)}
-    specs = episode_specs(args.gym_list, args.split, args.episodes or None, range(args.repeats), args.max_turns or None)
+    seeds = range(args.first_seed, args.first_seed + args.repeats)
+    specs = episode_specs(args.gym_list, args.split, args.episodes or None, seeds, args.max_turns or None)
     records = []
     for sim_spec in args.simulators:
         keys = [episode_key(agent_spec, sim_spec, s.gym, s.task.id, s.seed, fp) for s in specs]

@@ -91,7 +91,7 @@ def report(args: ReportArgs) -> dict[str, Any]:
                                       "n": o["n"]}
         agents[label] = entry
     out: dict[str, Any] = {"reference": args.reference, "gyms": args.gym_list, "split": args.split,
-                           "repeats": args.repeats, "agents": agents}
+                           "repeats": args.repeats, "first_seed": args.first_seed, "agents": agents}
     if args.pair:
         a, b = args.pair
         sim_args = dataclasses.replace(args, simulators=list(args.simulators),

@@ -52,6 +52,10 @@ def test_evaluate_writes_a_matrix_and_resumes(tmp_path, capsys):
     assert evaluate_main(argv + ["--max_turns", "1"]) == 0
     assert len(read_episodes(cache)) == 36
     assert float(_matrix(out)[("intention", "scripted:oracle")]["mean"]) == pytest.approx(100.0)
+    # --first_seed: fresh episodes (seeds 5, 6), none taken from the cache of seed 0
+    assert evaluate_main(argv + ["--first_seed", "5", "--repeats", "2"]) == 0
+    fresh = read_episodes(cache)[36:]
+    assert len(fresh) == 36 and {r["key"].split("|")[4] for r in fresh} == {"5", "6"}  # 2 seeds x 9 tasks x 2 users
 
 
 def test_evaluate_an_hf_agent(tmp_path, tiny_lm_path):
