@@ -278,13 +278,20 @@ class MeterArgs(ConfigPart):
                 "conversation window; generator.ending). The conversation level and the export use it."})
     end_calibration_contexts: int = field(default=64, metadata={
         "help": "Train contexts (after an opening) the calibrated end decision's offset is solved on at each reading."})
+    conv_readings: str = field(default="every", metadata={
+        "help": "Which readings continue the held-out conversations (and solve the end offset): every reading, or "
+                "first_and_best: the first reading, then the best checkpoint's once after the phase (the export's "
+                "end offset comes from it). The conversation level is ~46% of a reading's time on 2 CPU cores "
+                "(bench/bench_meter_reading.py); the gate must read turns then."})
 
     def _checks(self) -> list:
         bad = [d for d in self.heldout_detectors if d not in DETECTORS]
         if bad or not self.heldout_detectors:
             raise ConfigError(f"heldout_detectors: unknown {bad} (choose from {', '.join(DETECTORS)})")
         return [(self.end_decision in ("sampled", "calibrated"), "end_decision",
-                 "end_decision must be sampled or calibrated")]
+                 "end_decision must be sampled or calibrated"),
+                (self.conv_readings in ("every", "first_and_best"), "conv_readings",
+                 "conv_readings must be every or first_and_best")]
 
 
 @dataclass
@@ -346,6 +353,8 @@ class AdversaryConfig(ExportArgs, GateArgs, MeterArgs, ObjectiveArgs, Discrimina
              "warmstart_max_length must be larger than max_context_tokens (room for the turn)"),
             (self.gate_level == "turn" or self.conv_contexts >= 20, "gate_level",
              "gate_level conversation needs conv_contexts >= 20 (the conversations it reads)"),
+            (self.gate_level == "turn" or self.conv_readings == "every", "conv_readings",
+             "gate_level conversation reads the conversations at every reading: set conv_readings every"),
         ]:
             if not ok:
                 raise ConfigError(f"{msg}; fix it in the YAML config or with --{key} on the command line")

@@ -129,19 +129,15 @@ class HeldoutMeter:
         release_memory()  # the simulation's cache lands on a trimmed heap, not on what training left (the run's peak)
         # the same at every reading
         seeds = [seed_for("meter_seed", HELDOUT_SEED, i) for i in range(self.cfg.meter_seeds)]
-        convs = getattr(self.data, "heldout_convs", None)
+        # conv_readings first_and_best: the conversations at the first reading only (the best's after the phase)
+        convs = getattr(self.data, "heldout_convs", None) if self.cfg.conv_readings == "every" or not self.state.rows \
+            else None
         with generation as model:
             per_seed = [simulate_heldout(model, self.tok, self.data.heldout, self.cfg, accelerator, seed=s,
                                          precision=self.cfg.dtype) for s in seeds]
             # every rank continues the same conversations (the same seed): under sharded weights all ranks must
             # run the same forwards
-            settings, end_bias = heldout_settings(self.cfg), None
-            if convs and self.data.end_contexts:  # end_decision: calibrated
-                end_bias = calibrated_end_bias(model, self.tok, self.data.end_contexts, self.cfg, settings,
-                                               self.data.real_end_rate, seeds[0], precision=self.cfg.dtype)
-                settings = settings.replace(end_bias=end_bias)
-            sim_convs = simulate_heldout_conversations(model, self.tok, convs, self.cfg, settings,
-                                                       seeds[0], precision=self.cfg.dtype) if convs else None
+            sim_convs, end_bias = self._continue(model, convs) if convs else (None, None)
             del model  # the copy goes as the context closes, not when this method returns
         sims = per_seed[0]
         payload = [None]
@@ -184,6 +180,48 @@ class HeldoutMeter:
                   f"{'  best' if res['is_best'] else ''}"
                   f"{'  -> gate: ' + self.state.gate.describe() if res['stop'] else ''}", flush=True)
         return res["row"], res["stop"], res["is_best"]
+
+    def _continue(self, model, convs) -> tuple[list, float | None]:
+        """(simulated conversations, the end offset solved for `model` or None): the conversation level's sampling,
+        at the first meter seed."""
+        seed = seed_for("meter_seed", HELDOUT_SEED, 0)
+        settings, end_bias = heldout_settings(self.cfg), None
+        if self.data.end_contexts:  # end_decision: calibrated
+            end_bias = calibrated_end_bias(model, self.tok, self.data.end_contexts, self.cfg, settings,
+                                           self.data.real_end_rate, seed, precision=self.cfg.dtype)
+            settings = settings.replace(end_bias=end_bias)
+        sims = simulate_heldout_conversations(model, self.tok, convs, self.cfg, settings, seed, precision=self.cfg.dtype)
+        return sims, end_bias
+
+    def read_best_conversations(self, best_dir, trust_remote_code: bool = False) -> dict | None:
+        """conv_readings first_and_best: the conversation level of the best checkpoint (`best_dir`, merged as the
+        export merges it), read once after the phase into its row of the curve, so that the manifest and the export's
+        end offset have it. The row it completed, or None when there is nothing to read (every reading has the
+        conversations, or the best is the first reading, which has them)."""
+        from accelerate import PartialState
+
+        from generator.model import load_generator
+
+        convs, best = getattr(self.data, "heldout_convs", None), self.state.gate.best
+        row = next((r for r in self.state.rows if best is not None and r["step"] == best.step), None)
+        if not convs or row is None or "conv/td" in row:
+            return None
+        ps = PartialState()
+        if ps.is_main_process:
+            t0 = time.perf_counter()
+            model, _ = load_generator(str(best_dir), trust_remote_code=trust_remote_code)
+            sims, end_bias = self._continue(model, convs)
+            del model
+            row.update(measure_conversations(convs, sims, self.cfg))
+            if end_bias is not None:
+                row["conv/end_bias"] = end_bias
+            row["conv/read_after_phase"] = 1  # the gate did not read it: it picked this step on turns
+            seconds = time.perf_counter() - t0  # its own stage in summary.json (best_conversations), not the phase's
+            self.write_outputs()
+            print(f"[td] step {row['step']} (best), read after the phase in {seconds:.0f}s{conversation_line(row)}",
+                  flush=True)
+        ps.wait_for_everyone()
+        return row
 
     def write_outputs(self) -> None:
         from adversary.curves import plot_curves, write_curves

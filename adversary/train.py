@@ -118,6 +118,8 @@ def main(argv=None) -> int:
         stages.adversarial_phase(cfg, args, model, tok, state, data, meter, resume)
     stages.check_ranks_identical(state.discriminator, ps)
     stages.check_faults(cfg, state)
+    with timer("best_conversations"):  # conv_readings first_and_best: the best checkpoint's conversation level
+        meter.read_best_conversations(out / "best", args.trust_remote_code)
     # 6. export the best checkpoint by held-out td (not the last), then the run's summary
     with timer("export"):
         frozen = stages.export_best(cfg, args, out / "best", stages.manifest(cfg, args, data, state, start_model, base),

@@ -97,6 +97,41 @@ def test_the_main_job_reads_both_levels_and_the_export_records_them(tmp_path):
     assert manifest["sampling"]["end_bias"] == best_row["conv/end_bias"]
 
 
+def test_conversations_at_the_first_and_the_best_reading_only(tmp_path, monkeypatch):
+    import adversary.heldout as heldout
+    from adversary.train import main
+
+    measured = heldout.mean_rows
+    readings = []
+
+    def falling(rows):  # each reading 10 points below the last: the gate's best is the last round's checkpoint
+        row = measured(rows)
+        readings.append(row)
+        td = 40.0 - 10 * len(readings)
+        return {**row, "td/panel": td, "td/ci_low": td - 1, "td/ci_high": td + 1}
+
+    monkeypatch.setattr(heldout, "mean_rows", falling)
+    out = tmp_path / "firstbest"
+    argv = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--output_dir", str(out), "--objective", "dpo_rounds",
+            "--round_contexts", "8", "--dpo_batch_size", "4", "--dpo_micro_batch", "2", "--max_rounds", "2",
+            "--round_chosen", "real", "--conv_contexts", "24", "--conv_max_turns", "2", "--end_decision", "calibrated",
+            "--end_calibration_contexts", "8", "--conv_readings", "first_and_best", "--gate_patience", "5"]
+    assert main(argv) == 0
+    manifest = json.loads((out / "frozen" / "simulator.json").read_text())
+    rows = manifest["td_curve"]
+    assert [r["step"] for r in rows] == [0, 2, 4] and manifest["best"]["step"] == 4
+    assert "conv/td" in rows[0] and "conv/read_after_phase" not in rows[0]
+    assert not any(k.startswith("conv/") for k in rows[1])  # not the first, not the best: turns only
+    best = rows[2]
+    assert best["conv/read_after_phase"] == 1 and 0 <= best["conv/td"] <= 50 and best["conv/conversations"] == 24
+    assert manifest["sampling"]["end_bias"] == best["conv/end_bias"]  # the export ends at the best's own offset
+    assert manifest["best"]["conversation"]["conv/td"] == best["conv/td"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert "best_conversations" in summary["stage_seconds"]
+    with pytest.raises(Exception, match="set conv_readings every"):
+        AdversaryConfig(gate_level="conversation", conv_contexts=24, conv_readings="first_and_best")
+
+
 def test_the_discriminator_sees_ending_only_when_asked():
     from adversary.discriminator import with_end
     from generator.prompts import END_MARKER
