@@ -190,7 +190,8 @@ class HeldoutMeter:
             end_bias = calibrated_end_bias(model, self.tok, self.data.end_contexts, self.cfg, settings,
                                            self.data.real_end_rate, seed, precision=self.cfg.dtype)
             settings = settings.replace(end_bias=end_bias)
-        sims = simulate_heldout_conversations(model, self.tok, convs, self.cfg, settings, seed, precision=self.cfg.dtype)
+        sims = simulate_heldout_conversations(model, self.tok, convs, self.cfg, settings, seed,
+                                              precision=self.cfg.dtype)
         return sims, end_bias
 
     def read_best_conversations(self, best_dir, trust_remote_code: bool = False) -> dict | None:
