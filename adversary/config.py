@@ -17,6 +17,7 @@ from generator.model import LoraArgs
 from generator.token_losses import TOKEN_LOSSES
 
 DETECTORS = ("classical", "style", "neural", "embed")
+CONV_READINGS = ("every", "first_and_best", "best")
 # every numeric field's natural range (conversations.config.check_ranges: one message naming the key)
 RANGES = {
     "max_context_messages": ">= 1", "max_turn_chars": ">= 10", "max_context_tokens": ">= 16", "train_contexts": ">= 1",
@@ -262,9 +263,10 @@ class MeterArgs(ConfigPart):
         "help": "Fresh detectors of the meter's panel (classical, style, neural); td is their maximum."})
     heldout_folds: int = field(default=5, metadata={"help": "Cross-fitting folds of the meter."})
     meter_seeds: int = field(default=2, metadata={
-        "help": "Sampling seeds of every held-out reading: the meter simulates the contexts once per seed and reads "
-                "the mean td (one seed's reading moves by sd ~2 with the sampling alone on 256 contexts, "
-                "bench/bench_td_spread.py; the mean of 2 by ~1.4). 1 reads one seed, as before."})
+        "help": "Independent samples per held-out context at every reading, each list read by its own panel, the "
+                "reading their mean td (one sample's reading moves by sd ~2 with the sampling alone on 256 contexts, "
+                "bench/bench_td_spread.py; the mean of 2 by ~1.4). Drawn in one call, each context prefilled once "
+                "(as n sampling seeds would draw them, for one prefill). 1 reads one sample."})
     eval_base_model: bool = field(default=False, metadata={"help": "Also measure the un-tuned base model's td (for comparison)."})
     conv_contexts: int = field(default=0, metadata={
         "help": "Held-out real conversations the meter continues at every reading (adversary.conversation_meter): "
@@ -279,10 +281,10 @@ class MeterArgs(ConfigPart):
     end_calibration_contexts: int = field(default=64, metadata={
         "help": "Train contexts (after an opening) the calibrated end decision's offset is solved on at each reading."})
     conv_readings: str = field(default="every", metadata={
-        "help": "Which readings continue the held-out conversations (and solve the end offset): every reading, or "
+        "help": "Which readings continue the held-out conversations (and solve the end offset): every reading; "
                 "first_and_best: the first reading, then the best checkpoint's once after the phase (the export's "
-                "end offset comes from it). The conversation level is ~46% of a reading's time on 2 CPU cores "
-                "(bench/bench_meter_reading.py); the gate must read turns then."})
+                "end offset comes from it); best: the best checkpoint's only. The conversation level is ~46% of a "
+                "reading's time on 2 CPU cores (bench/bench_meter_reading.py); the gate must read turns then."})
 
     def _checks(self) -> list:
         bad = [d for d in self.heldout_detectors if d not in DETECTORS]
@@ -290,8 +292,8 @@ class MeterArgs(ConfigPart):
             raise ConfigError(f"heldout_detectors: unknown {bad} (choose from {', '.join(DETECTORS)})")
         return [(self.end_decision in ("sampled", "calibrated"), "end_decision",
                  "end_decision must be sampled or calibrated"),
-                (self.conv_readings in ("every", "first_and_best"), "conv_readings",
-                 "conv_readings must be every or first_and_best")]
+                (self.conv_readings in CONV_READINGS, "conv_readings",
+                 f"conv_readings must be one of {', '.join(CONV_READINGS)}")]
 
 
 @dataclass

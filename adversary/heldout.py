@@ -60,6 +60,38 @@ def simulate_heldout(model, tokenizer, records: list[TurnRecord], cfg: Adversary
     return out
 
 
+def simulate_heldout_samples(model, tokenizer, records: list[TurnRecord], cfg: AdversaryConfig, n: int,
+                             accelerator=None, seed: int = HELDOUT_SEED,
+                             precision: str | None = None) -> list[list[TurnRecord]]:
+    """`n` simulated turns per held-out context in one call, each context prefilled once (`simulate_candidates`):
+    `n` lists of one turn per context, sample j of every context in list j. The meter reads each list with its own
+    panel: independent draws per context, as `n` sampling seeds would give, for one prefill instead of `n`."""
+    from generator.sample import simulate_candidates
+
+    if n == 1:
+        return [simulate_heldout(model, tokenizer, records, cfg, accelerator, seed=seed, precision=precision)]
+    n_proc = accelerator.num_processes if accelerator is not None else 1
+    rank = accelerator.process_index if accelerator is not None else 0
+    per = math.ceil(len(records) / n_proc)
+    shard = records[rank * per : (rank + 1) * per]
+    shard = shard + records[: per - len(shard)] if len(shard) < per else shard  # equal forwards on every rank
+    crash_point("generation")
+    engine = Engine(model, tokenizer, batch_size=cfg.sim_batch_size, precision=precision)
+    cands = simulate_candidates(engine, shard, heldout_settings(cfg), n, seed=seed + rank)  # [len(shard)][n]
+    if n_proc > 1:
+        from accelerate.utils import gather_object
+
+        cands = gather_object(cands)
+    seen, kept = set(), []
+    for cs in cands:
+        if cs[0].id not in seen:
+            seen.add(cs[0].id)
+            kept.append([TurnRecord(id=c.id, context=c.context, user_turn=c.user_turn,
+                                    conversation_id=c.conversation_id,
+                                    meta={k: v for k, v in c.meta.items() if k != "candidate"}) for c in cs])
+    return [[cs[j] for cs in kept] for j in range(n)]
+
+
 def mean_rows(rows: list[dict]) -> dict:
     """One reading from the readings of several sampling seeds: every numeric key averaged (the CI bounds too: the
     mean of the seeds' intervals), the text keys of the first; `td/seeds` and `td/seed_sd` (the spread of the panel
@@ -128,13 +160,16 @@ class HeldoutMeter:
         t0 = time.perf_counter()
         release_memory()  # the simulation's cache lands on a trimmed heap, not on what training left (the run's peak)
         # the same at every reading
-        seeds = [seed_for("meter_seed", HELDOUT_SEED, i) for i in range(self.cfg.meter_seeds)]
-        # conv_readings first_and_best: the conversations at the first reading only (the best's after the phase)
-        convs = getattr(self.data, "heldout_convs", None) if self.cfg.conv_readings == "every" or not self.state.rows \
-            else None
+        seed = seed_for("meter_seed", HELDOUT_SEED, 0)
+        # conv_readings first_and_best: the conversations at the first reading only; best: at none (the best
+        # checkpoint's are read after the phase, read_best_conversations)
+        when = self.cfg.conv_readings
+        convs = getattr(self.data, "heldout_convs", None) \
+            if when == "every" or (when == "first_and_best" and not self.state.rows) else None
         with generation as model:
-            per_seed = [simulate_heldout(model, self.tok, self.data.heldout, self.cfg, accelerator, seed=s,
-                                         precision=self.cfg.dtype) for s in seeds]
+            # meter_seeds samples per context, one prefill each: the reading is the mean of their panels
+            per_seed = simulate_heldout_samples(model, self.tok, self.data.heldout, self.cfg, self.cfg.meter_seeds,
+                                                accelerator, seed=seed, precision=self.cfg.dtype)
             # every rank continues the same conversations (the same seed): under sharded weights all ranks must
             # run the same forwards
             sim_convs, end_bias = self._continue(model, convs) if convs else (None, None)
@@ -195,10 +230,10 @@ class HeldoutMeter:
         return sims, end_bias
 
     def read_best_conversations(self, best_dir, trust_remote_code: bool = False) -> dict | None:
-        """conv_readings first_and_best: the conversation level of the best checkpoint (`best_dir`, merged as the
-        export merges it), read once after the phase into its row of the curve, so that the manifest and the export's
-        end offset have it. The row it completed, or None when there is nothing to read (every reading has the
-        conversations, or the best is the first reading, which has them)."""
+        """conv_readings first_and_best or best: the conversation level of the best checkpoint (`best_dir`, merged as
+        the export merges it), read once after the phase into its row of the curve, so that the manifest and the
+        export's end offset have it. The row it completed, or None when there is nothing to read (its row has the
+        conversations already: every reading, or first_and_best with the first reading the best)."""
         from accelerate import PartialState
 
         from generator.model import load_generator

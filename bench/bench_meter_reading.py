@@ -1,7 +1,7 @@
 """Where one reading of the main job's meter spends its time and memory, part by part; prints one JSON line.
 
-A reading of `configs/demo.yaml` (`adversary.heldout.HeldoutMeter.evaluate`) samples the held-out contexts once per
-meter seed, solves the end decision's offset, continues the held-out conversations, then fits the detector panels.
+A reading of `configs/demo.yaml` (`adversary.heldout.HeldoutMeter.evaluate`) samples `meter_seeds` turns per held-out
+context in one call, solves the end decision's offset, continues the held-out conversations, then fits the detector panels.
 The default run spends ~200 s a reading on it (4 readings, ~43% of its wall time: docs/results.md "The default
 run"); this script runs the same calls in the same order on one model and times each, so the default run's budget
 (issue #26) can be cut where the time is.
@@ -10,7 +10,7 @@ run"); this script runs the same calls in the same order on one model and times 
     python bench/bench_meter_reading.py --model smollm2-135m-instruct      # the base model (no warm start at hand)
     python bench/bench_meter_reading.py --model M -- --conv_contexts 24    # anything after -- overrides the preset
 
-Figures: `seconds` per part (and per seed), `rss_mb` the process's resident set after each part and `peak_rss_mb`
+Figures: `seconds` per part, `rss_mb` the process's resident set after each part and `peak_rss_mb`
 its peak so far. Run it alone on the machine.
 
 The parts are `HeldoutMeter.evaluate`'s calls in its order, written out here so each can be timed: a change to the
@@ -51,7 +51,7 @@ def main() -> None:
     from adversary.config import parse_job
     from adversary.conversation_meter import (calibrated_end_bias, measure_conversations,
                                              simulate_heldout_conversations)
-    from adversary.heldout import HELDOUT_SEED, heldout_settings, measure_heldout, simulate_heldout
+    from adversary.heldout import HELDOUT_SEED, heldout_settings, measure_heldout, simulate_heldout_samples
     from adversary.stages import prepare_data
     from conversations.memory import peak_rss_mb, release_memory
     from conversations.seeds import seed_for
@@ -69,20 +69,19 @@ def main() -> None:
 
     data = timed("data", lambda: prepare_data(cfg, 0))
     model, tok = timed("load", lambda: load_generator(args.model))
-    seeds = [seed_for("meter_seed", HELDOUT_SEED, i) for i in range(cfg.meter_seeds)]
+    seed = seed_for("meter_seed", HELDOUT_SEED, 0)
     release_memory()
     with policy_model(model, precision=cfg.dtype) as m:
-        per_seed = [timed(f"turns_seed{i}", lambda s=s: simulate_heldout(m, tok, data.heldout, cfg, seed=s,
-                                                                         precision=cfg.dtype))
-                    for i, s in enumerate(seeds)]
+        per_seed = timed("turns", lambda: simulate_heldout_samples(m, tok, data.heldout, cfg, cfg.meter_seeds,
+                                                                   seed=seed, precision=cfg.dtype))
         settings, end_bias, sims_conv = heldout_settings(cfg), None, None
         if data.heldout_convs and data.end_contexts:
             end_bias = timed("end_offset_solve", lambda: calibrated_end_bias(
-                m, tok, data.end_contexts, cfg, settings, data.real_end_rate, seeds[0], precision=cfg.dtype))
+                m, tok, data.end_contexts, cfg, settings, data.real_end_rate, seed, precision=cfg.dtype))
             settings = settings.replace(end_bias=end_bias)
         if data.heldout_convs:
             sims_conv = timed("conversations", lambda: simulate_heldout_conversations(
-                m, tok, data.heldout_convs, cfg, settings, seeds[0], precision=cfg.dtype))
+                m, tok, data.heldout_convs, cfg, settings, seed, precision=cfg.dtype))
     rows = [timed(f"panel_seed{i}", lambda s=s: measure_heldout(data.heldout, s, cfg)) for i, s in enumerate(per_seed)]
     if sims_conv is not None:
         conv = timed("conversation_panel", lambda: measure_conversations(data.heldout_convs, sims_conv, cfg))

@@ -97,7 +97,8 @@ def test_the_main_job_reads_both_levels_and_the_export_records_them(tmp_path):
     assert manifest["sampling"]["end_bias"] == best_row["conv/end_bias"]
 
 
-def test_conversations_at_the_first_and_the_best_reading_only(tmp_path, monkeypatch):
+@pytest.mark.parametrize("when", ["first_and_best", "best"])
+def test_conversations_at_the_first_and_the_best_reading_only(tmp_path, monkeypatch, when):
     import adversary.heldout as heldout
     from adversary.train import main
 
@@ -115,12 +116,15 @@ def test_conversations_at_the_first_and_the_best_reading_only(tmp_path, monkeypa
     argv = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--output_dir", str(out), "--objective", "dpo_rounds",
             "--round_contexts", "8", "--dpo_batch_size", "4", "--dpo_micro_batch", "2", "--max_rounds", "2",
             "--round_chosen", "real", "--conv_contexts", "24", "--conv_max_turns", "2", "--end_decision", "calibrated",
-            "--end_calibration_contexts", "8", "--conv_readings", "first_and_best", "--gate_patience", "5"]
+            "--end_calibration_contexts", "8", "--conv_readings", when, "--gate_patience", "5"]
     assert main(argv) == 0
     manifest = json.loads((out / "frozen" / "simulator.json").read_text())
     rows = manifest["td_curve"]
     assert [r["step"] for r in rows] == [0, 2, 4] and manifest["best"]["step"] == 4
-    assert "conv/td" in rows[0] and "conv/read_after_phase" not in rows[0]
+    if when == "first_and_best":
+        assert "conv/td" in rows[0] and "conv/read_after_phase" not in rows[0]
+    else:  # best: the step-0 reading reads turns only
+        assert not any(k.startswith("conv/") for k in rows[0])
     assert not any(k.startswith("conv/") for k in rows[1])  # not the first, not the best: turns only
     best = rows[2]
     assert best["conv/read_after_phase"] == 1 and 0 <= best["conv/td"] <= 50 and best["conv/conversations"] == 24

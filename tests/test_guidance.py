@@ -272,3 +272,27 @@ def test_the_meters_conversations_go_through_a_guide(tiny_lm_path):
     seen.clear()
     simulate_heldout_conversations(model, tok, real, cfg, settings, seed=1, precision="fp32")
     assert seen == []
+
+
+def test_the_meters_samples_per_context_come_from_one_call(varied_lm):
+    """meter_seeds samples per held-out context drawn in one call: n lists aligned with the contexts, written as one
+    sample each (no candidate index); greedy, every list is the one-sample meter's turn; sampled, the lists differ."""
+    from types import SimpleNamespace
+
+    from adversary.heldout import simulate_heldout, simulate_heldout_samples
+
+    model, tok = varied_lm
+    recs = [TurnRecord(id=f"r{i}", context=[{"role": "assistant", "content": f"what next {i}?"}], user_turn="x")
+            for i in range(5)]
+    cfg = SimpleNamespace(sim_batch_size=4, heldout_max_new_tokens=8, max_context_tokens=64, sim_temperature=0.0,
+                          sim_top_p=1.0)
+    greedy = simulate_heldout_samples(model, tok, recs, cfg, 2, seed=3, precision="fp32")
+    one = simulate_heldout(model, tok, recs, cfg, seed=3, precision="fp32")
+    assert len(greedy) == 2 and all([s.id for s in g] == [r.id for r in recs] for g in greedy)
+    assert [s.user_turn for s in greedy[0]] == [s.user_turn for s in greedy[1]] == [s.user_turn for s in one]
+    assert all(set(s.meta) == {"ended", "truncated"} for g in greedy for s in g)
+    cfg.sim_temperature = 1.0
+    sampled = simulate_heldout_samples(model, tok, recs, cfg, 2, seed=3, precision="fp32")
+    assert [s.user_turn for s in sampled[0]] != [s.user_turn for s in sampled[1]]
+    assert simulate_heldout_samples(model, tok, recs, cfg, 2, seed=3, precision="fp32")[1][0].user_turn == \
+        sampled[1][0].user_turn  # the same seed, the same samples
