@@ -364,7 +364,9 @@ def export_guide(cfg: AdversaryConfig, args, model, tok, data: RunData, manifest
         raise ValueError("export_guidance > 1 needs the run's data (the guide's train contexts)")
     t0 = time.time()
     contexts = data.disc_fit + data.rest[: max(0, cfg.export_guide_contexts - len(data.disc_fit))]
-    settings = SamplingSettings.from_dict(manifest["sampling"])
+    # the export's settings without the end decision: it is drawn apart from the text, after it (the same text
+    # either way: tests/test_ending.py) and the guide reads the text alone: p_end for every turn was wasted here
+    settings = SamplingSettings.from_dict({**manifest["sampling"], "end_bias": None})
     engine = Engine(model, tok, batch_size=cfg.sim_batch_size, precision=cfg.dtype)
     sims = simulate_records(engine, contexts, settings, seed=seed_for("fit_samples", args.seed))
     guide_cfg = copy.copy(cfg)
