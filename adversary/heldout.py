@@ -19,7 +19,7 @@ from conversations.seeds import seed_for
 from discriminator.turing import measure_td
 from generator.diagnostics import realism_diagnostics
 from generator.engine import Engine, SamplingSettings
-from generator.sample import simulate_records
+from generator.sample import simulate_candidates
 
 if TYPE_CHECKING:
     from adversary.config import AdversaryConfig, MeterArgs
@@ -39,6 +39,16 @@ def simulate_heldout(model, tokenizer, records: list[TurnRecord], cfg: Adversary
                      seed: int = HELDOUT_SEED, precision: str | None = None,
                      settings: SamplingSettings | None = None) -> list[TurnRecord]:
     """Simulate one turn per held-out context (sharded over ranks when `accelerator` has several processes)."""
+    return simulate_heldout_samples(model, tokenizer, records, cfg, 1, accelerator, seed, precision, settings)[0]
+
+
+def simulate_heldout_samples(model, tokenizer, records: list[TurnRecord], cfg: AdversaryConfig, n: int,
+                             accelerator=None, seed: int = HELDOUT_SEED, precision: str | None = None,
+                             settings: SamplingSettings | None = None) -> list[list[TurnRecord]]:
+    """`n` simulated turns per held-out context in one call, each context prefilled once (`simulate_candidates`):
+    `n` lists of one turn per context, sample j of every context in list j. The meter reads each list with its own
+    panel: independent draws per context, as `n` sampling seeds would give, for one prefill instead of `n`. Sharded
+    over ranks when `accelerator` has several processes."""
     n_proc = accelerator.num_processes if accelerator is not None else 1
     rank = accelerator.process_index if accelerator is not None else 0
     per = math.ceil(len(records) / n_proc)
@@ -47,37 +57,7 @@ def simulate_heldout(model, tokenizer, records: list[TurnRecord], cfg: Adversary
     shard = shard + records[: per - len(shard)] if len(shard) < per else shard
     crash_point("generation")
     engine = Engine(model, tokenizer, batch_size=cfg.sim_batch_size, precision=precision)
-    sims = simulate_records(engine, shard, settings or heldout_settings(cfg), seed=seed + rank)
-    if n_proc > 1:
-        from accelerate.utils import gather_object
-
-        sims = gather_object(sims)
-    seen, out = set(), []
-    for s in sims:
-        if s.id not in seen:
-            seen.add(s.id)
-            out.append(s)
-    return out
-
-
-def simulate_heldout_samples(model, tokenizer, records: list[TurnRecord], cfg: AdversaryConfig, n: int,
-                             accelerator=None, seed: int = HELDOUT_SEED,
-                             precision: str | None = None) -> list[list[TurnRecord]]:
-    """`n` simulated turns per held-out context in one call, each context prefilled once (`simulate_candidates`):
-    `n` lists of one turn per context, sample j of every context in list j. The meter reads each list with its own
-    panel: independent draws per context, as `n` sampling seeds would give, for one prefill instead of `n`."""
-    from generator.sample import simulate_candidates
-
-    if n == 1:
-        return [simulate_heldout(model, tokenizer, records, cfg, accelerator, seed=seed, precision=precision)]
-    n_proc = accelerator.num_processes if accelerator is not None else 1
-    rank = accelerator.process_index if accelerator is not None else 0
-    per = math.ceil(len(records) / n_proc)
-    shard = records[rank * per : (rank + 1) * per]
-    shard = shard + records[: per - len(shard)] if len(shard) < per else shard  # equal forwards on every rank
-    crash_point("generation")
-    engine = Engine(model, tokenizer, batch_size=cfg.sim_batch_size, precision=precision)
-    cands = simulate_candidates(engine, shard, heldout_settings(cfg), n, seed=seed + rank)  # [len(shard)][n]
+    cands = simulate_candidates(engine, shard, settings or heldout_settings(cfg), n, seed=seed + rank)  # [shard][n]
     if n_proc > 1:
         from accelerate.utils import gather_object
 
@@ -93,9 +73,9 @@ def simulate_heldout_samples(model, tokenizer, records: list[TurnRecord], cfg: A
 
 
 def mean_rows(rows: list[dict]) -> dict:
-    """One reading from the readings of several sampling seeds: every numeric key averaged (the CI bounds too: the
-    mean of the seeds' intervals), the text keys of the first; `td/seeds` and `td/seed_sd` (the spread of the panel
-    td over the seeds) added."""
+    """One reading from the readings of several samples per context (seeds, or `simulate_heldout_samples`' lists):
+    every numeric key averaged (the CI bounds too: the mean of the intervals), the text keys of the first;
+    `td/seeds` (how many) and `td/seed_sd` (the spread of the panel td over them) added."""
     import numpy as np
 
     if len(rows) == 1:
@@ -112,7 +92,7 @@ def mean_rows(rows: list[dict]) -> dict:
 
 def measure_heldout(real: list[TurnRecord], sims: list[TurnRecord], cfg: MeterArgs, seed: int = 0) -> dict:
     """One row of the td curve: panel td with CI, each detector's td, AUC, paired accuracy, diagnostics. The
-    simulated turns come from `simulate_records` (end marker already stripped, `meta["ended"]` set there)."""
+    simulated turns come from `simulate_heldout` (end marker already stripped, `meta["ended"]` set there)."""
     t0 = time.perf_counter()
     clean = [s if s.user_turn.strip() else TurnRecord(id=s.id, context=s.context, user_turn="...",
                                                        conversation_id=s.conversation_id, meta=s.meta) for s in sims]

@@ -296,3 +296,11 @@ def test_the_meters_samples_per_context_come_from_one_call(varied_lm):
     assert [s.user_turn for s in sampled[0]] != [s.user_turn for s in sampled[1]]
     assert simulate_heldout_samples(model, tok, recs, cfg, 2, seed=3, precision="fp32")[1][0].user_turn == \
         sampled[1][0].user_turn  # the same seed, the same samples
+    # one sample per context is what simulate_records samples: a one-sample meter reads as it always did
+    from adversary.heldout import heldout_settings
+    from generator.engine import Engine
+    from generator.sample import simulate_records
+
+    plain = simulate_records(Engine(model, tok, batch_size=4, precision="fp32"), recs, heldout_settings(cfg), seed=3)
+    assert [(s.user_turn, s.meta) for s in simulate_heldout(model, tok, recs, cfg, seed=3, precision="fp32")] == \
+        [(s.user_turn, s.meta) for s in plain]
