@@ -239,13 +239,17 @@ def prepare_training(model, device: str = "cpu", max_length: int | None = None):
     """What training `model` on `device` needs beyond the libraries' defaults (returns it). On a CPU:
     - eager attention (`CPU_TRAIN_ATTENTION`) when sequences stay under `CPU_TRAIN_ATTENTION_MAX_LENGTH`; the engine
       switches back to sdpa while it decodes, where sdpa is faster (generator.engine);
-    - TRL's fused LM head scores only the labelled positions (`compact_fused_lm_head`).
+    - TRL's fused LM head scores only the labelled positions (`compact_fused_lm_head`), its tiles folded by
+      `generator.cpu_lm_head.lean_cpu_tiles` (the same values, fewer passes).
     Nothing changes on a GPU."""
     if str(device).startswith("cuda"):
         return model
     if max_length is None or max_length <= CPU_TRAIN_ATTENTION_MAX_LENGTH:
         set_attention(model, CPU_TRAIN_ATTENTION)
     compact_fused_lm_head()
+    from generator.cpu_lm_head import lean_cpu_tiles
+
+    lean_cpu_tiles()
     return model
 
 

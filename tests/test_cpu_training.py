@@ -71,11 +71,14 @@ def test_inference_copy_runs_its_own_weights_not_a_patched_forward():
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_inference_copy_merges_lora_exactly_as_peft_and_leaves_the_original(dtype):
+def test_inference_copy_merges_lora_exactly_as_peft_and_leaves_the_original(dtype, monkeypatch):
     """The copy is made in its dtype as it is copied (no full-precision copy first), LoRA merged per layer: every
     weight equals peft's `merge_and_unload` followed by the cast, the tied embedding stays tied, the original keeps
-    its adapter and its weights."""
+    its adapter and its weights. (Packing off: the packed layers have no dense weights to compare; their products
+    are tests/test_packed_linears.py's.)"""
     import copy as copylib
+
+    monkeypatch.setenv("MIMESIS_CPU_PACK", "0")
 
     from peft import get_peft_model
 
@@ -100,9 +103,11 @@ def test_inference_copy_merges_lora_exactly_as_peft_and_leaves_the_original(dtyp
     assert not any(p.requires_grad for p in frozen.parameters())
 
 
-def test_inference_copy_of_a_dora_adapter_merges_through_peft():
+def test_inference_copy_of_a_dora_adapter_merges_through_peft(monkeypatch):
     """Not plain LoRA (DoRA's magnitude vector): the copy falls back to peft's own merge, then the cast."""
     import copy as copylib
+
+    monkeypatch.setenv("MIMESIS_CPU_PACK", "0")  # dense weights to compare
 
     from peft import LoraConfig, get_peft_model
 

@@ -336,6 +336,19 @@ def test_nucleus_sampler_draws_from_transformers_sampling_distribution(temperatu
     assert (freq - want).abs().max() < 0.01  # 40k draws: the standard error is <= 0.0025
 
 
+def test_whole_vocabulary_draws_never_pick_a_masked_token():
+    """No top-p, no top-k (the inverse-CDF draw): a -inf score (a stop token held back by `min_new_tokens`), the first
+    entry included, is never drawn, and a row with one finite score always draws it."""
+    scores = torch.randn(4000, 32, generator=torch.Generator().manual_seed(0))
+    scores[:, 0] = scores[:, 7] = scores[:, 31] = float("-inf")
+    scores[-1] = float("-inf")
+    scores[-1, 12] = 0.0
+    torch.manual_seed(2)
+    ids = NucleusSampler(1.0, 1.0)(scores)
+    assert not torch.isin(ids[:-1], torch.tensor([0, 7, 31])).any() and int(ids[-1]) == 12
+    assert len(ids[:-1].unique()) == 29  # every finite token shows up in 4k draws of 29 Gaussian scores
+
+
 def test_nucleus_sampler_rows_of_different_widths_in_one_batch():
     """Rows that fit the first floor, the second, and none, side by side: each row's draws follow its own nucleus
     (the candidates of all rows are ordered in one sort)."""

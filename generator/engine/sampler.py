@@ -45,8 +45,8 @@ class NucleusSampler:
         if self.temperature != 1:
             x = x / self.temperature
         B, V = x.shape
-        if self.top_p >= 1 and not self.top_k:  # the whole vocabulary: Gumbel-max, no nucleus to find
-            return (x - torch.empty_like(x).exponential_().log()).argmax(-1)
+        if self.top_p >= 1 and not self.top_k:  # the whole vocabulary: no nucleus to find
+            return self._draw_whole(x)
         if self.top_k:  # top-p within the top-k distribution (transformers' order of warpers)
             vals, idx = x.topk(min(self.top_k, V), dim=-1)  # (B, k), descending
             return idx.gather(-1, self._draw_sorted(vals - vals.logsumexp(-1, keepdim=True))).squeeze(-1)
@@ -69,6 +69,17 @@ class NucleusSampler:
         vals, idx = x[rows].sort(dim=-1, descending=True)  # the rows whose nucleus is wider than every floor
         out[rows] = idx.gather(-1, self._draw_sorted(vals - norm[rows, None])).squeeze(-1)
         return out
+
+    @staticmethod
+    def _draw_whole(x):
+        """x (B, V) scores -> (B,) tokens drawn from softmax(x): the inverse of the cumulative distribution at one
+        uniform number a row. Why not Gumbel-max: its exponential number per entry cost 7.5 ms a call at 8 x 49k
+        (torch's CPU generator), this 0.7 ms; a decoding step of SmolLM2 at 8 rows takes ~50 ms."""
+        import torch
+
+        cum = (x - x.amax(-1, keepdim=True)).exp().double().cumsum(-1)  # (B, V); a -inf score adds nothing
+        u = (1 - torch.rand_like(cum[:, :1])) * cum[:, -1:]  # (B, 1) in (0, mass]: never a zero-probability token
+        return torch.searchsorted(cum, u).clamp(max=x.shape[-1] - 1).squeeze(-1)
 
     def _draw_flat(self, x, norm):
         """x (b, V) scores of rows whose nucleus is a large share of the vocabulary, norm (b,) -> (b,) tokens. The
