@@ -16,6 +16,7 @@ gradient) go to TRL's own."""
 from __future__ import annotations
 
 import inspect
+import os
 
 _FORWARD_ARGS = ("tile", "tile_stride", "targets", "running_max", "sum_exp", "x_sum_exp", "sq_sum_exp", "z_sum",
                  "max_before_target", "target_logit", "vocab_start", "n_cols", "logit_scale", "softcap", "inv_t",
@@ -92,7 +93,10 @@ def _make_backward(original):
 
 def lean_cpu_tiles() -> bool:
     """Swap TRL's CPU tile functions for the lean ones (process-wide, idempotent). False, and TRL left alone, when
-    this TRL has no such functions or they take other arguments than the ones these were written against."""
+    this TRL has no such functions or they take other arguments than the ones these were written against, or when
+    `MIMESIS_LEAN_LM_HEAD=0` (TRL's own tiles: the benchmarks' path before)."""
+    if os.environ.get("MIMESIS_LEAN_LM_HEAD") == "0":
+        return False
     try:
         import trl.kernels.chunked_logprob as ck
     except ImportError:

@@ -30,6 +30,7 @@ def _head(hidden, weight, targets, temperature, outputs, autocast, entropy_weigh
 ])
 def test_lean_tiles_give_trls_log_probs_entropies_and_gradients_to_the_bit(monkeypatch, temperature, logit_scale,
                                                                           outputs, autocast, entropy_weight):
+    monkeypatch.delenv("MIMESIS_LEAN_LM_HEAD", raising=False)
     monkeypatch.setattr(ck, "_forward_tile", ck._forward_tile)  # restored after the test: the swap is process-wide
     monkeypatch.setattr(ck, "_backward_tile", ck._backward_tile)
     g = torch.Generator().manual_seed(0)
@@ -52,3 +53,11 @@ def test_lean_tiles_leave_a_trl_with_other_tile_arguments_alone(monkeypatch):
     monkeypatch.setattr(ck, "_forward_tile", other)
     monkeypatch.setattr(ck, "_backward_tile", other)
     assert not lean_cpu_tiles() and ck._forward_tile is other
+
+
+def test_lean_tiles_are_off_when_told(monkeypatch):
+    monkeypatch.setattr(ck, "_forward_tile", ck._forward_tile)
+    monkeypatch.setattr(ck, "_backward_tile", ck._backward_tile)
+    monkeypatch.setattr(ck, "_forward_tile", getattr(ck._forward_tile, "_trl", ck._forward_tile))  # TRL's own
+    monkeypatch.setenv("MIMESIS_LEAN_LM_HEAD", "0")
+    assert not lean_cpu_tiles() and not getattr(ck._forward_tile, "_lean", False)
