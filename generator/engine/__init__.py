@@ -12,15 +12,16 @@ What it does that `model.generate` does not, each measured on 2 CPU cores (docs/
   mask at once, so a batch costs the sum of its turns' lengths, not rows x the longest turn;
 - **sampling without a full sort**: `NucleusSampler` draws from exactly transformers' temperature/top-k/top-p
   distribution, finding the nucleus among the tokens above a probability floor and sorting only those (the whole
-  vocabulary only for rows whose nucleus reaches below every floor);
+  vocabulary only for rows whose nucleus reaches below every floor; at top-p 1, one uniform number a row);
 - **the precision the process runs in**: frozen bf16 weights run as they are; fp32 weights run under bf16 autocast
-  when the process precision is bf16 (see `conversations.precision`).
+  when the process precision is bf16 (see `conversations.precision`); a bf16 inference copy on a CPU has its linear
+  layers packed once in oneDNN's layout where a probe measures that faster (`packed`: the same products).
 
 Sampling settings are one object, `SamplingSettings`, shared by every caller and recorded in the export.
 
 The package's parts: `settings` (SamplingSettings, Completion, stop tokens), `sampler` (NucleusSampler), `cache` (the
 growing key/value cache), `resume` (PromptCache, CacheStore: caches kept between calls), `decode` (Engine, the loop),
-`weights` (inference_copy, inference_model, and the one way into
+`packed` (pack_linears), `weights` (inference_copy, inference_model, and the one way into
 the engine for a policy being trained, model or trainer: `policy_model` and `policy_engine`). The TRL rollout adapter
 of GRPO lives with its caller (`adversary.rollout.EngineRollout`).
 """
