@@ -147,8 +147,9 @@ def plot_curves(runs: dict[str, list[dict[str, Any]]], path: str | Path) -> Path
             ax.fill_between(steps, [x["ci"][0] for x in rows], [x["ci"][1] for x in rows], alpha=0.15,
                             color=line.get_color())
             bx.plot(steps, [x["format_ok"] for x in rows], marker="o", color=line.get_color())
-    ax.set(xlabel="GRPO step", ylabel="score on the test tasks (x100)", title="held-out return")
-    bx.set(xlabel="GRPO step", ylabel="share of tagged agent turns", title="format", ylim=(0, 1.05))
+    xlabel = "GRPO step, or filtered-BC round"
+    ax.set(xlabel=xlabel, ylabel="score on the test tasks (x100)", title="held-out return")
+    bx.set(xlabel=xlabel, ylabel="share of tagged agent turns", title="format", ylim=(0, 1.05))
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
