@@ -18,7 +18,9 @@ L="accelerate launch --config_file configs/accelerate/cpu.yaml --num_cpu_threads
 FBC="--gyms intention,travel,persuade --samples_per_task 4 --epochs 1 --learning_rate 1e-4 --eval_repeats 3"
 stage() { echo "== $(date -u +%FT%TZ) $*"; }
 # the agent a filtered-BC run ended with (a round that kept nothing trained no adapter: its predecessor's)
-last_agent() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['curve'][-1]['agent'])" "$1/filtered_bc.json"; }
+last_agent() {
+    python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['curve'][-1]['agent'])" "$1/filtered_bc.json"
+}
 
 stage "1 protocol SFT"
 [ -f "$R/sft/agent_sft.json" ] || $L agent_rl/sft.py --gyms all --output_dir "$R/sft" --max_steps 160 \
