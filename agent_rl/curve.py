@@ -136,6 +136,7 @@ def plot_curves(runs: dict[str, list[dict[str, Any]]], path: str | Path) -> Path
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
     for name, readings in runs.items():
@@ -150,6 +151,8 @@ def plot_curves(runs: dict[str, list[dict[str, Any]]], path: str | Path) -> Path
     xlabel = "GRPO step, or filtered-BC round"
     ax.set(xlabel=xlabel, ylabel="score on the test tasks (x100)", title="held-out return")
     bx.set(xlabel=xlabel, ylabel="share of tagged agent turns", title="format", ylim=(0, 1.05))
+    for axis in (ax, bx):  # steps and rounds are whole numbers
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
