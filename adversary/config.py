@@ -31,7 +31,10 @@ RANGES = {
     "round_contexts": ">= 1", "round_samples": ">= 2", "round_min_margin": ">= 0", "max_rounds": ">= 0",
     "eval_rounds": ">= 1", "dpo_beta": "> 0", "dpo_lr": "> 0", "dpo_sft_weight": ">= 0", "dpo_batch_size": ">= 1",
     "dpo_micro_batch": ">= 1", "spin_epochs": ">= 1", "spin_history": ">= 0",
-    "resample_candidates": ">= 2", "resample_real_share": "[0, 1]", "tailr_gamma": "[0, 1]", "mixce_eta": "[0, 1]", "heldout_contexts": ">= 20", "heldout_folds": ">= 2", "meter_seeds": ">= 1", "heldout_max_new_tokens": ">= 1",
+    "resample_candidates": ">= 2", "resample_real_share": "[0, 1]",
+    "distill_candidates": ">= 2", "distill_lr": "> 0", "distill_real_weight": ">= 0", "distill_weight": ">= 0",
+    "distill_epochs": ">= 1", "distill_top_p": "(0, 1]", "dpg_log_ratio_clip": "> 0", "bond_beta": "[0, 1]",
+    "tailr_gamma": "[0, 1]", "mixce_eta": "[0, 1]", "heldout_contexts": ">= 20", "heldout_folds": ">= 2", "meter_seeds": ">= 1", "heldout_max_new_tokens": ">= 1",
     "sim_batch_size": ">= 1", "sim_temperature": "> 0", "sim_top_p": "(0, 1]", "gate_patience": ">= 1",
     "gate_min_delta": ">= 0", "gate_target_td": "[0, 50]", "gate_smooth": ">= 1", "conv_contexts": ">= 0",
     "conv_max_turns": ">= 1", "end_calibration_contexts": ">= 8", "export_guidance": ">= 1",
@@ -241,6 +244,23 @@ class ObjectiveArgs(ConfigPart):
                 "discriminator's D/(1-D) (self-normalised importance resampling, adversary.guidance)."})
     resample_real_share: float = field(default=0.5, metadata={
         "help": "resample_sft: share of each round's SFT examples that are real turns (the rest: resampled ones)."})
+    distill_candidates: int = field(default=4, metadata={
+        "help": "dpg, bond (adversary.distill): own samples per context each round (K)."})
+    distill_lr: float = field(default=2e-4, metadata={
+        "help": "dpg, bond: learning rate of the LoRA adapter (AdamW, kept across rounds; the warm start's 2e-4)."})
+    distill_real_weight: float = field(default=1.0, metadata={
+        "help": "dpg, bond: weight of the NLL of each round context's real turn beside the distillation term (0: none)."})
+    distill_weight: float = field(default=1.0, metadata={
+        "help": "dpg, bond: scale of the own samples' coefficients (0: the round is SFT on its real turns alone)."})
+    distill_epochs: int = field(default=1, metadata={"help": "dpg, bond: passes over each round's weighted turns."})
+    distill_top_p: float = field(default=1.0, metadata={
+        "help": "dpg, bond: nucleus mass of the round's samples, drawn at T 1 (1: the policy's own distribution, "
+                "which dpg's importance weights assume)."})
+    dpg_log_ratio_clip: float = field(default=3.0, metadata={
+        "help": "dpg: |log a(x) - log pi(x)| (warm start against policy) clipped at this (truncated importance weights)."})
+    bond_beta: float = field(default=0.5, metadata={
+        "help": "bond: weight of the backward-KL term (quantile-reward policy gradient) against the forward one "
+                "(NLL of the best of K): 0 is best-of-K SFT, 0.5 BOND's Jeffreys mixture."})
 
     def _checks(self) -> list:
         from adversary.objectives import available

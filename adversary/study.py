@@ -84,6 +84,10 @@ class StudyConfig:
                 "then its guide is fitted on its own samples (simulation and fit measured, inside the arm's time)."})
     guide_calib_fraction: float = field(default=0.25, metadata={
         "help": "Share of the guide's contexts (whole conversations) held back to calibrate it on (Platt scaling)."})
+    arm_readings: int = field(default=1, metadata={
+        "help": "Readings along each arm: its generator is saved at arm_seconds x j / arm_readings for j = 1 .. "
+                "arm_readings - 1 (at the first step or round that ends after it) and each one scored like the arm's "
+                "end, as ARM@j (4: the quarters). The sft arm and the rounds objectives; 1: the end only."})
     study_conversations: int = field(default=0, metadata={
         "help": "Held-out real conversations each arm also continues, once per seed (the meter's conversation level: "
                 "conversation td, termination F1, ends and turns per real; adversary.conversation_meter); 0: turns "
@@ -109,6 +113,8 @@ class StudyConfig:
                               f"{self.guide_seconds}")
         if not 0.05 <= self.guide_calib_fraction <= 0.5 or self.guide_contexts < 64:
             raise ConfigError("guide_calib_fraction must be in [0.05, 0.5] and guide_contexts >= 64")
+        if self.arm_readings < 1:
+            raise ConfigError(f"arm_readings must be >= 1 (1: the arm's end only), got {self.arm_readings}")
         if self.plateau_steps < 0 or self.plateau_eval_every < 1:
             raise ConfigError("plateau_steps must be >= 0 and plateau_eval_every >= 1")
 
@@ -238,8 +244,13 @@ def plateau_warm_start(cfg: AdversaryConfig, args, study, data, out: Path) -> tu
 # ------------------------------------------------------------------------------------------------------------- arms
 
 
+def reading_seconds(study) -> list[float]:
+    """The times along an arm at which its generator is saved for a reading (the arm's end is read anyway)."""
+    return [study.arm_seconds * j / study.arm_readings for j in range(1, study.arm_readings)]
+
+
 def run_sft_arm(cfg: AdversaryConfig, args, study, data, start_model: str, out: Path) -> dict:
-    from adversary.trainer_parts import TimeBudget
+    from adversary.trainer_parts import Snapshots, TimeBudget
     from adversary.stages import warm_start_config
     from generator.sft import run_sft
 
@@ -250,10 +261,12 @@ def run_sft_arm(cfg: AdversaryConfig, args, study, data, start_model: str, out: 
     # fresh turns, never the warm start's: the end of the rest of the train split, in its seeded order; enough for a
     # step a second (building each example costs ~3 ms, inside the arm's time)
     n = min(len(data.rest) // 2, int(study.arm_seconds) * cfg.warmstart_batch_size + cfg.warmstart_batch_size)
+    snaps = Snapshots(reading_seconds(study), t0, out)
     m = run_sft(sft_args, config, train_records=data.rest[-n:], eval_records=[],
-                callbacks=[TimeBudget(study.arm_seconds, start=t0)])
+                callbacks=[TimeBudget(study.arm_seconds, start=t0), snaps])
     curve = [{"step": h["step"], "loss": h["loss"]} for h in m["loss_history"]]
-    return {"steps": m["train_steps"], "wall_seconds": time.time() - t0, "model_dir": m["merged_dir"], "curve": curve}
+    return {"steps": m["train_steps"], "wall_seconds": time.time() - t0, "model_dir": m["merged_dir"], "curve": curve,
+            "readings": snaps.readings}
 
 
 def run_adversarial_arm(cfg: AdversaryConfig, args, study, data, start_model: str, out: Path) -> dict:
@@ -271,12 +284,13 @@ def run_adversarial_arm(cfg: AdversaryConfig, args, study, data, start_model: st
     model, tok = load_generator(start_model, trust_remote_code=args.trust_remote_code)
     state = AdversaryState(cfg, make_discriminator(cfg, args.seed), max_steps=None, seed=args.seed)
     fit_discriminator(cfg, state.discriminator, model, tok, data, args.seed)
-    phase = Phase(cfg, args, model, tok, state, data, meter=None, start_time=t0)
+    phase = Phase(cfg, args, model, tok, state, data, meter=None, start_time=t0,
+                  snapshot_seconds=reading_seconds(study))
     res = get_objective(cfg.objective)(phase).run()
     res.model.save_pretrained(str(out / "model"))
     tok.save_pretrained(str(out / "model"))
     return {"steps": res.steps, "wall_seconds": time.time() - t0, "model_dir": str(out / "model"), "curve": res.curve,
-            "cotrain": state.cotrain_history}
+            "cotrain": state.cotrain_history, "readings": phase.readings}
 
 
 def run_guided_arm(run, cfg: AdversaryConfig, args, study, data, start_model: str, out: Path, guide_spec: dict) -> dict:
@@ -368,6 +382,12 @@ def main(argv=None) -> int:
                 res["overrides"] = overrides
                 (arm_out / "ARM.json").write_text(json.dumps(res, default=float))
                 print(f"arm {label}: {res['steps']} steps in {res['wall_seconds']:.0f}s", flush=True)
+        for r in [] if guide_spec else res.get("readings", []):  # the readings along the arm, each scored as its end
+            name = f"{label}@{r['reading'] + 1}"
+            part = {"steps": r["step"], "wall_seconds": r["seconds"], "model_dir": r["model_dir"], "curve": [],
+                    "overrides": res.get("overrides", {})}
+            summary[name], part_oofs = score_arm(name, part, cfg, args, study, data, out)
+            reports[name] = {"td": summary[name]["td"], "oof": part_oofs}
         summary[label], oofs = score_arm(label, res, cfg, args, study, data, out)
         if study.study_conversations:  # a guided arm's conversations are guided turn by turn, as its turns are
             conv, conv_oofs = score_conversations(label, res, cfg, args, study, data, out,

@@ -26,6 +26,24 @@ class TimeBudget(TrainerCallback):
         return control
 
 
+class Snapshots(TrainerCallback):
+    """Saves the model (its adapter under LoRA) to OUT/reading-j at the first step that ends after each of
+    `seconds` (wall time since `start`), and lists what it saved in `readings` (the study's readings along an arm)."""
+
+    def __init__(self, seconds: list[float], start: float, out: Path):
+        self.seconds, self.start, self.out, self.readings = list(seconds), start, Path(out), []
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        elapsed = time.time() - self.start
+        while len(self.readings) < len(self.seconds) and elapsed >= self.seconds[len(self.readings)]:
+            j = len(self.readings)
+            d = self.out / f"reading-{j}"
+            model.save_pretrained(str(d))
+            self.readings.append({"reading": j, "at_seconds": self.seconds[j], "seconds": round(elapsed, 1),
+                                  "step": int(state.global_step), "model_dir": str(d)})
+        return control
+
+
 def save_policy(trainer, out: Path) -> None:
     """Save the generator as it is now (adapter only under LoRA) into `out`, replacing what was there; collective
     under DeepSpeed/FSDP (every rank calls it)."""

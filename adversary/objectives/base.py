@@ -48,6 +48,10 @@ class Phase:
     resume: Path | None = None
     start_time: float = field(default_factory=time.time)
     objective: Any = None  # set by Objective.__init__
+    # seconds into the phase at which the generator is saved to OUT/reading-j (the study's readings along an arm),
+    # each at the end of the first round that ends after it; what was saved is listed in `readings`
+    snapshot_seconds: list[float] = field(default_factory=list)
+    readings: list[dict] = field(default_factory=list)
 
     @property
     def out(self) -> Path:
@@ -73,6 +77,16 @@ class Phase:
             if accelerator is None or accelerator.is_main_process:
                 (best / "best.json").write_text(json.dumps(row, default=str, indent=2))
         return stop
+
+    def snapshot(self, step: int) -> None:
+        """Save the generator to OUT/reading-j for every time in `snapshot_seconds` that has now passed."""
+        elapsed = time.time() - self.start_time
+        while len(self.readings) < len(self.snapshot_seconds) and elapsed >= self.snapshot_seconds[len(self.readings)]:
+            j = len(self.readings)
+            d = self.out / f"reading-{j}"
+            self.objective.save_best(d)
+            self.readings.append({"reading": j, "at_seconds": self.snapshot_seconds[j], "seconds": round(elapsed, 1),
+                                  "step": step, "model_dir": str(d)})
 
     def finish(self, step: int, reason: str | None = None, accelerator=None) -> None:
         """The last reading when the newest steps were never read (and the gate has not frozen), the gate closed,
@@ -206,6 +220,7 @@ class RoundsObjective(Objective):
             if (k + 1) % cfg.eval_rounds == 0 and (not ph.state.rows or step > ph.state.rows[-1]["step"]):
                 stop = ph.evaluate(step)
             self.save_round(k, step)
+            ph.snapshot(step)
             release_memory()
         ph.finish(step, ended or "max_steps")
         ph.out.mkdir(parents=True, exist_ok=True)  # a budget spent before the first round leaves no round folder
@@ -229,9 +244,11 @@ class RoundsObjective(Objective):
 
     # ---- pieces most rounds share
 
-    def sample_round(self, k: int, n_samples: int, temperature: float | None = None):
+    def sample_round(self, k: int, n_samples: int, temperature: float | None = None, top_p: float | None = None):
         """Round k's contexts and `n_samples` turns of the current policy for each, scored by the discriminator:
-        (contexts, samples [n_ctx][n_samples] of SimulatedTurn, log-odds (n_ctx, n_samples))."""
+        (contexts, samples [n_ctx][n_samples] of SimulatedTurn, log-odds (n_ctx, n_samples)). `temperature` /
+        `top_p`: other than the simulator's sampling settings (T 1 and top-p 1 draw from the policy itself, which
+        importance weights against it need)."""
         from adversary.heldout import heldout_settings
         from adversary.rounds import round_contexts
         from conversations.memory import release_memory
@@ -240,7 +257,7 @@ class RoundsObjective(Objective):
 
         ph, cfg = self.phase, self.phase.cfg
         contexts = round_contexts(ph.data, cfg, k, ph.args.seed)
-        settings = heldout_settings(cfg, temperature)
+        settings = heldout_settings(cfg, temperature).replace(top_p=top_p)
         many = [c for c in contexts for _ in range(n_samples)]
         with policy_engine(ph.model, ph.tokenizer, precision=cfg.dtype, batch_size=cfg.sim_batch_size) as engine:
             turns = user_turns(engine, [c.context for c in many], settings,
@@ -254,6 +271,15 @@ class RoundsObjective(Objective):
                 for c, ts in zip(contexts, samples) for j, t in enumerate(ts)]
         scores = np.asarray(ph.state.discriminator.score(sims)).reshape(len(contexts), n_samples)
         return contexts, samples, scores
+
+    def real_scores(self, contexts) -> np.ndarray:
+        """(n_ctx,) the discriminator's log-odds of each context's real turn, seen as its samples are."""
+        from adversary.discriminator import with_end
+
+        on = self.phase.cfg.disc_sees_end
+        items = [TurnRecord(id=f"{c.id}@real", context=c.context, user_turn=with_end(c.user_turn, c.is_last, on))
+                 for c in contexts]
+        return np.asarray(self.phase.state.discriminator.score(items), dtype=np.float64)
 
     def cotrain(self, contexts, samples, step: int) -> dict:
         """The discriminator co-trained on one sample per context (the first: an unbiased draw) against the
