@@ -16,7 +16,7 @@ from conversations.config import ConfigError
 from generator.model import LoraArgs
 from generator.token_losses import TOKEN_LOSSES
 
-DETECTORS = ("classical", "style", "neural", "embed")
+DETECTORS = ("classical", "style", "neural", "embed", "lmjudge")
 CONV_READINGS = ("every", "first_and_best", "best")
 # every numeric field's natural range (conversations.config.check_ranges: one message naming the key)
 RANGES = {
@@ -27,7 +27,7 @@ RANGES = {
     "disc_batch_size": ">= 2", "disc_max_length": ">= 32", "disc_context_tokens": ">= 0", "label_smoothing": "[0, 0.5)",
     "disc_pool_size": ">= 16", "d_every": ">= 1", "d_steps": ">= 0", "replay_size": ">= 1",
     "disc_acc_ceiling": "(0.5, 1]", "disc_acc_floor": "[0.5, 1)", "reward_clip": "> 0", "w_disc": ">= 0",
-    "w_length": ">= 0", "w_copy": ">= 0", "w_assistant": ">= 0", "max_faults": ">= 0", "phase_seconds": ">= 0",
+    "w_length": ">= 0", "length_band": ">= 0", "w_copy": ">= 0", "w_assistant": ">= 0", "max_faults": ">= 0", "phase_seconds": ">= 0",
     "round_contexts": ">= 1", "round_samples": ">= 2", "round_min_margin": ">= 0", "max_rounds": ">= 0",
     "eval_rounds": ">= 1", "dpo_beta": "> 0", "dpo_lr": "> 0", "dpo_sft_weight": ">= 0", "dpo_batch_size": ">= 1",
     "dpo_micro_batch": ">= 1", "spin_epochs": ">= 1", "spin_history": ">= 0",
@@ -159,6 +159,13 @@ class DiscriminatorArgs(ConfigPart):
 
     discriminator: str = field(default="minilm-l6", metadata={
         "help": "Backbone of the co-trained discriminator: minilm-l6, tiny-random-encoder, a model id or a path."})
+    disc_family: str = field(default="ensemble", metadata={
+        "help": "The discriminator's neural member: ensemble (a NeuralDetector on `discriminator`'s backbone, pointwise "
+                "log-loss) or lmjudge (discriminator.lm_judge.LMJudge: a causal LM with its own LoRA adapter and "
+                "scalar head, Bradley-Terry on same-context (real, simulated) pairs; backbone `judge_backbone`)."})
+    judge_backbone: str = field(default="", metadata={
+        "help": "disc_family lmjudge: the judge's causal LM ('' = the generator's base model `model`, with its own "
+                "adapter and head)."})
     disc_init_items: int = field(default=192, metadata={"help": "Real and simulated turns (each) for the initial discriminator fit."})
     disc_epochs: int = field(default=2, metadata={"help": "Epochs of the initial fit."})
     disc_lr: float = field(default=3e-5, metadata={"help": "Discriminator learning rate."})
@@ -176,7 +183,9 @@ class DiscriminatorArgs(ConfigPart):
                 "and scores (the rounds objectives and the initial fit; GRPO's rewards read turns without it)."})
     disc_reward: str = field(default="logit", metadata={
         "help": "The discriminator reward from its log-odds z: logit = clip(z, +-reward_clip); log_d = log sigmoid(z) "
-                "clipped below at -reward_clip (non-saturating, no reward for 'more real than real')."})
+                "clipped below at -reward_clip (non-saturating, no reward for 'more real than real'); pairwise = "
+                "min(0, z(own turn) - z(the context's real turn)) clipped below at -reward_clip (Turing-RL's capped "
+                "pairwise reward: 0 is 'cannot tell', nothing for 'more human than the human')."})
     d_every: int = field(default=1, metadata={"help": "Discriminator updates every this many generator steps."})
     d_steps: int = field(default=1, metadata={"help": "Balanced discriminator updates each time."})
     replay_size: int = field(default=512, metadata={"help": "Replay buffer of recent (context, simulated, real) triples."})
@@ -192,7 +201,9 @@ class DiscriminatorArgs(ConfigPart):
                  "disc_context_tokens must leave 16 tokens of disc_max_length for the turn"),
                 (self.disc_acc_floor < self.disc_acc_ceiling, "disc_acc_floor",
                  "disc_acc_floor must be below disc_acc_ceiling"),
-                (self.disc_reward in ("logit", "log_d"), "disc_reward", "disc_reward must be logit or log_d"),
+                (self.disc_reward in ("logit", "log_d", "pairwise"), "disc_reward",
+                 "disc_reward must be logit, log_d or pairwise"),
+                (self.disc_family in ("ensemble", "lmjudge"), "disc_family", "disc_family must be ensemble or lmjudge"),
                 (len(self.disc_weights) == 2 and min(self.disc_weights) >= 0 and max(self.disc_weights) > 0,
                  "disc_weights", "disc_weights must be two weights >= 0 (neural, classical), not both 0")]
 
@@ -214,6 +225,9 @@ class ObjectiveArgs(ConfigPart):
     max_faults: int = field(default=5, metadata={"help": "Non-finite losses or rewards tolerated (steps skipped) before the run stops."})
     w_disc: float = field(default=1.0, metadata={"help": "Weight of the discriminator reward."})
     w_length: float = field(default=0.5, metadata={"help": "Weight of the length-ratio term (penalises |log(len_sim/len_real)|)."})
+    length_band: float = field(default=0.0, metadata={
+        "help": "> 1: the length term is 0 while the turn's length is within [real / band, real x band] characters of "
+                "the context's real turn, and -(|log ratio| - log band) outside; 0: the plain -|log ratio|."})
     w_copy: float = field(default=0.5, metadata={"help": "Weight of the copying-from-context penalty."})
     w_assistant: float = field(default=0.5, metadata={"help": "Weight of the assistant-likeness penalty."})
     round_contexts: int = field(default=64, metadata={"help": "The rounds objectives (dpo_rounds, spin, resample_sft): training contexts per round."})

@@ -152,13 +152,22 @@ def warm_start(cfg: AdversaryConfig, args, data: RunData) -> str:
 
 
 def make_discriminator(cfg: AdversaryConfig, seed: int):
-    """The co-trained discriminator (`adversary.discriminator.Discriminator`): the neural member on `discriminator`'s
-    backbone and the classical n-gram member, weighted by `disc_weights`."""
+    """The co-trained discriminator (`adversary.discriminator.Discriminator`): the neural member (on `discriminator`'s
+    backbone, or with `disc_family: lmjudge` the language-model judge) and the classical n-gram member, weighted by
+    `disc_weights`."""
     from adversary.discriminator import Discriminator
     from discriminator.neural import NeuralDetector
 
     neural = None
-    if cfg.disc_weights[0] > 0:
+    if cfg.disc_weights[0] > 0 and cfg.disc_family == "lmjudge":
+        from discriminator.lm_judge import LMJudge
+
+        # its own LoRA adapter and head over a separate copy of the base weights (docs/scaling.md: what sharing the
+        # generator's frozen base would save)
+        neural = LMJudge(backbone=cfg.judge_backbone or cfg.model, max_length=cfg.disc_max_length,
+                         context_tokens=cfg.disc_context_tokens, lr=cfg.disc_lr, batch_size=cfg.disc_batch_size,
+                         label_smoothing=cfg.label_smoothing, seed=seed, precision=cfg.dtype)
+    elif cfg.disc_weights[0] > 0:
         neural = NeuralDetector(backbone=cfg.discriminator, max_length=cfg.disc_max_length,
                                 context_tokens=cfg.disc_context_tokens, lr=cfg.disc_lr, batch_size=cfg.disc_batch_size,
                                 label_smoothing=cfg.label_smoothing, seed=seed, precision=cfg.dtype)

@@ -349,8 +349,12 @@ def main(argv=None) -> int:
         cfg.warmstart_steps = study.plateau_steps  # the warm start's turns are drawn for the whole plateau run
     args.save_strategy = "no"
     arms = [parse_arm(a) for a in study.arms]
-    for _, overrides, _ in arms:  # every arm's keys checked now, not after the warm start
-        arm_config(cfg, args, overrides)
+    for label, overrides, _ in arms:  # every arm's keys checked now, not after the warm start
+        arm_cfg, arm_args = arm_config(cfg, args, overrides)
+        if not label.startswith("sft"):
+            from adversary.objectives import get_objective
+
+            get_objective(arm_cfg.objective).check_config(arm_cfg, arm_args)
     (out / "arms").mkdir(parents=True, exist_ok=True)  # after the checks: a bad command line leaves nothing behind
     data = prepare_data(cfg, args.seed, val_contexts=study.val_contexts)
     print(f"study: {len(data.heldout)} test contexts x {len(study.study_seeds)} seeds, {len(data.val)} validation "

@@ -36,11 +36,12 @@ def parse_args(argv):
     """(AdversaryConfig, GRPOConfig); a key the user set that the chosen objective does not read is named (a preset
     for GRPO run with objective dpo_rounds would otherwise set its reward weights to no effect, silently)."""
     from adversary.config import parse_job
-    from adversary.objectives import ignored_keys
+    from adversary.objectives import get_objective, ignored_keys
     from conversations.config import given_keys
 
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg, args = parse_job((), argv, prog="adversary/train.py", default_config=DEFAULT_CONFIG)
+    get_objective(cfg.objective).check_config(cfg, args)
     given = given_keys(argv if "--config" in argv else ["--config", str(DEFAULT_CONFIG)] + argv)
     ignored = ignored_keys(cfg.objective, set().union(*given))
     if ignored:

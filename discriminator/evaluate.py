@@ -83,6 +83,11 @@ def format_table(report: dict) -> str:
         f"n_real {report['n_real']} (of {report['n_real_input']}), n_simulated {report['n_simulated']} "
         f"(of {report['n_simulated_input']}), {report['folds']} grouped folds, {report['n_groups']} groups, "
         f"paired contexts {report['n_paired_contexts']}",
+        *([f"old panel ({' '.join(report['old_panel']['detectors'])}): td {report['old_panel']['td']:.1f}  [95% CI "
+           f"{report['old_panel']['td_ci95'][0]:.1f}, {report['old_panel']['td_ci95'][1]:.1f}]"]
+          if report.get("old_panel") else []),
+        *([f"paired td (panel maximum, same-context pairs): {report['paired_td']:.1f}"]
+          if report.get("paired_td") is not None else []),
         "",
         f"{'detector':<12}{'accuracy':>9}{'AUC':>8}{'TD':>7}{'TD 95% CI':>16}{'signed':>8}{'paired':>8}{'fit s':>8}",
     ]

@@ -66,6 +66,17 @@ class _class_or_instance:
         return functools.partial(self.fn, obj if obj is not None else owner)
 
 
+def _family(name: str, where: str) -> type:
+    """The detector class saved under `family` in discriminator.json."""
+    if name == "lmjudge":
+        from discriminator.lm_judge import LMJudge
+
+        return LMJudge
+    if name == "neural":
+        return NeuralDetector
+    raise DataError(f"a saved discriminator of unknown family {name!r}", where)
+
+
 @dataclass
 class NeuralDetectorConfig:
     """The neural detector's settings (saved beside its weights; `NeuralDetector.load` rebuilds from them)."""
@@ -103,6 +114,7 @@ class NeuralDetectorConfig:
 
 class NeuralDetector:
     name = "neural"
+    config_class = NeuralDetectorConfig  # a subclass family (discriminator.lm_judge) brings its own defaults
 
     def __init__(self, config: "NeuralDetectorConfig | str | None" = None, device: str | None = None,
                  **settings) -> None:
@@ -112,7 +124,7 @@ class NeuralDetector:
             config, settings = None, {"backbone": config, **settings}
         if config is not None and settings:
             raise TypeError("give a NeuralDetectorConfig or keyword settings, not both")
-        self.cfg = config or NeuralDetectorConfig(**settings)
+        self.cfg = config or self.config_class(**settings)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.step = 0  # optimiser steps taken; seeds dropout, so a restored state continues identically
         self.epochs_done = 0  # seeds the shuffling in fit()
@@ -400,7 +412,7 @@ class NeuralDetector:
         torch.save({"optimizer": sd["optimizer"], "step": sd["step"], "epochs_done": sd["epochs_done"]}, d / "optimizer.pt")
         meta = {
             "version": STATE_VERSION, "config": sd["config"], "step": sd["step"], "epochs_done": sd["epochs_done"],
-            "offset": sd["offset"],
+            "offset": sd["offset"], "family": self.name,
         }
         (d / "discriminator.json").write_text(json.dumps(meta, indent=2))
         return d
@@ -418,7 +430,13 @@ class NeuralDetector:
         meta = json.loads(meta_path.read_text())
         if meta.get("version") != STATE_VERSION:
             raise DataError(f"saved with state version {meta.get('version')}, this code reads {STATE_VERSION}", str(d))
-        det = cls_or_self if isinstance(cls_or_self, NeuralDetector) else cls_or_self(**meta["config"], device=device)
+        if isinstance(cls_or_self, NeuralDetector):
+            det = cls_or_self
+        else:
+            cls = cls_or_self
+            if meta.get("family", cls.name) != cls.name:  # NeuralDetector.load of a saved judge builds the judge
+                cls = _family(meta["family"], str(d))
+            det = cls(**meta["config"], device=device)
         opt = torch.load(d / "optimizer.pt", map_location="cpu", weights_only=True) if (d / "optimizer.pt").exists() else None
         sd = {
             "config": meta["config"],

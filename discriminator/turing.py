@@ -22,11 +22,16 @@ from conversations.bootstrap import percentile_ci, resample_counts
 from discriminator.features import normalise_turn_text
 
 MIN_ITEMS = 20
-DEFAULT_PANEL = ("classical", "style", "neural")
+# the language-model judge (discriminator.lm_judge) joined the panel on 2026-12-07; every report keeps the panel
+# before it (`old_panel`) beside the headline, so curves read before that date stay comparable
+DEFAULT_PANEL = ("classical", "style", "neural", "lmjudge")
+OLD_PANEL = ("classical", "style", "neural", "embed")  # the families that read td before the judge
 FAST_PANEL = ("classical", "style")
 # the neural detector inside the meter: short inputs and a higher learning rate so that a 5-fold fit on 2 x 1,000
 # turns stays within minutes on CPU; callers override through `neural_kwargs`
 NEURAL_PANEL_DEFAULTS = {"max_length": 128, "context_tokens": 48, "lr": 5e-5, "batch_size": 16, "epochs": 1}
+# the judge inside the meter: a fresh LoRA adapter and head on SmolLM2-135M per fold (docs/turing-distance.md)
+LMJUDGE_PANEL_DEFAULTS = {"max_length": 160, "context_tokens": 64, "batch_size": 16, "epochs": 1}
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -51,6 +56,12 @@ def _neural(**kw):
     return NeuralDetector(**kw)
 
 
+def _lmjudge(**kw):
+    from discriminator.lm_judge import LMJudge
+
+    return LMJudge(**kw)
+
+
 def _embed(**kw):
     from discriminator.embedding import EmbeddingDetector
 
@@ -58,7 +69,7 @@ def _embed(**kw):
 
 
 _REGISTRY: dict[str, Callable[..., Any]] = {"classical": _classical, "style": _style, "neural": _neural,
-                                            "embed": _embed}
+                                            "embed": _embed, "lmjudge": _lmjudge}
 
 
 def register_detector(name: str, factory: Callable[..., Any]) -> None:
@@ -281,6 +292,8 @@ def _detector_kwargs(name: str, seed: int, neural_kwargs: dict | None, detector_
     if name == "neural":
         kw.update(NEURAL_PANEL_DEFAULTS)
         kw.update(neural_kwargs or {})
+    elif name == "lmjudge":
+        kw.update(LMJUDGE_PANEL_DEFAULTS)
     kw.update((detector_kwargs or {}).get(name, {}))
     return kw
 
@@ -391,6 +404,16 @@ def measure_td(
     # the interval of the panel maximum: every resample takes the maximum over detectors on the same items
     ci = bootstrap_ci(correct, groups, n_boot, seed) if len(detectors) > 1 else tuple(per[head]["td_ci95"])
     _, n_pairs = paired_accuracy(oof[0], y, items)
+    paired = {n: per[n]["paired_td"] for n in detectors if per[n]["paired_td"] is not None}
+    # the panel without the judge, its maximum bootstrapped on the same resamples (comparable with earlier readings)
+    old = [d for d, n in enumerate(detectors) if n in OLD_PANEL]
+    old_panel = None
+    if old and len(old) < len(detectors):
+        old_head = detectors[max(old, key=lambda d: per[detectors[d]]["td"])]
+        old_ci = bootstrap_ci(correct[old], groups, n_boot, seed) if len(old) > 1 else tuple(per[old_head]["td_ci95"])
+        old_panel = {"detectors": [detectors[d] for d in old], "td": per[old_head]["td"],
+                     "td_ci95": [float(old_ci[0]), float(old_ci[1])], "headline_detector": old_head,
+                     "paired_td": max((paired[detectors[d]] for d in old if detectors[d] in paired), default=None)}
     warnings = []
     largest = int(np.bincount(groups).max())
     if largest > len(items) / folds:
@@ -410,7 +433,10 @@ def measure_td(
         "auc": per[head]["auc"],
         "log_loss": per[head]["log_loss"],
         "paired_accuracy": per[head]["paired_accuracy"],
+        # the panel's maximum of the paired (same-context, two-alternative) td; None without shared contexts
+        "paired_td": max(paired.values()) if paired else None,
         "headline_detector": head,
+        "old_panel": old_panel,
         "n_real": len(real),
         "n_simulated": len(sim),
         "n_real_input": n_real_in,

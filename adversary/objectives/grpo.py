@@ -10,7 +10,7 @@ from adversary.objectives.base import Objective, PhaseResult
 
 @register("grpo")
 class GRPO(Objective):
-    owns = ("w_disc", "w_length", "w_copy", "w_assistant", "reward_clip", "disc_reward", "grpo_rollout", "d_every",
+    owns = ("w_disc", "w_length", "length_band", "w_copy", "w_assistant", "reward_clip", "disc_reward", "grpo_rollout", "d_every",
             "num_generations", "max_completion_length", "temperature", "top_p", "top_k", "beta", "learning_rate",
             "per_device_train_batch_size", "gradient_accumulation_steps", "mask_truncated_completions",
             "eval_steps", "save_steps", "loss_type", "epsilon", "scale_rewards", "num_iterations")

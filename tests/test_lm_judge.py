@@ -1,0 +1,146 @@
+"""The language-model judge (discriminator.lm_judge): same-context pairs and the Bradley-Terry loss, learning on a
+tiny random Llama, saving and loading as its own family, its place in the meter's panel beside the old panel, the
+capped pairwise reward and the length band, and objective turing_grpo end to end on the smoke preset."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conversations import TurnRecord
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE = str(ROOT / "configs" / "smoke.yaml")
+pytestmark = pytest.mark.usefixtures("one_thread")
+SMALL = {"backbone": "tiny-random", "batch_size": 8, "max_length": 64, "context_tokens": 24}
+
+
+def ctx(i):
+    return [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer number {i}"}]
+
+
+def pairs(n, real="ok thx", sim="Certainly! I would be delighted to elaborate further on this topic.", start=0):
+    items, y = [], []
+    for i in range(start, start + n):
+        items += [TurnRecord(id=f"c{i}", context=ctx(i), user_turn=real + "!" * (i % 3)),
+                  TurnRecord(id=f"c{i}@sim", context=ctx(i), user_turn=sim)]
+        y += [1, 0]
+    return items, np.array(y)
+
+
+def test_context_units_pair_by_context_and_leave_the_rest_pointwise():
+    from discriminator.lm_judge import context_units, pair_terms
+
+    items, y = pairs(2)
+    lone = TurnRecord(id="x", context=ctx(9), user_turn="hm")
+    empty = TurnRecord(id="e", context=[], user_turn="hi")
+    items += [lone, empty]
+    y = np.array([*y, 1, 0])
+    units = context_units(items, y)
+    assert units == [[0, 1], [2, 3], [4], [5]]
+    assert pair_terms(units[0], y) == ([(0, 1)], [])
+    assert pair_terms(units[2], y) == ([], [0])
+    # two simulated turns for one real one: two pairs, both against the real turn
+    assert pair_terms([0, 1, 2], np.array([1, 0, 0])) == ([(0, 1), (0, 2)], [])
+
+
+def test_identical_turns_give_the_bradley_terry_loss_log_2_and_every_parameter_moves():
+    from discriminator.lm_judge import LMJudge
+
+    j = LMJudge(**SMALL)
+    items, y = pairs(4, real="same text", sim="same text")
+    for k in range(0, len(items), 2):  # the real and the simulated turn of a context are the same input
+        items[k + 1] = TurnRecord(id=items[k + 1].id, context=items[k].context, user_turn=items[k].user_turn)
+    before = {n: p.detach().clone() for n, p in j.trainable_parameters().items()}
+    loss = j.update(items, y)
+    assert loss == pytest.approx(math.log(2), abs=1e-5)  # f(real) - f(sim) = 0 for every pair
+    items2, y2 = pairs(4)
+    j.update(items2, y2)
+    changed = [n for n, p in j.trainable_parameters().items() if not torch.equal(before[n], p)]
+    assert len(changed) == len(before) and j.step == 2
+
+
+def test_the_judge_learns_which_of_two_turns_a_person_wrote_on_unseen_contexts():
+    from discriminator.lm_judge import LMJudge, paired_judge_accuracy
+
+    j = LMJudge(**{**SMALL, "lr": 2e-3, "head_lr": 1e-2})
+    train, y = pairs(24)
+    j.fit(train, y, epochs=4)
+    assert j.history[-1] < j.history[0]
+    test, _ = pairs(10, start=100)
+    assert paired_judge_accuracy(j, test[0::2], test[1::2]) == 100.0
+    assert (j.pair_log_odds(test[0::2], test[1::2]) > 0).all()
+
+
+def test_a_saved_judge_loads_as_a_judge_with_the_same_scores(tmp_path):
+    from discriminator.lm_judge import LMJudge
+    from discriminator.neural import NeuralDetector
+
+    items, y = pairs(6)
+    j = LMJudge(**SMALL).fit(items, y)
+    j.save(tmp_path / "j")
+    assert json.loads((tmp_path / "j" / "discriminator.json").read_text())["family"] == "lmjudge"
+    k = NeuralDetector.load(tmp_path / "j")
+    assert isinstance(k, LMJudge)
+    np.testing.assert_allclose(k.score(items), j.score(items), atol=1e-5)
+
+
+def test_the_meter_reads_the_judge_in_its_panel_and_keeps_the_old_panel_beside_it():
+    from discriminator.turing import measure_td
+
+    real, sim = [], []
+    for i in range(30):
+        real.append(TurnRecord(id=f"c{i}", context=ctx(i), user_turn=f"ok {i} thx"))
+        sim.append(TurnRecord(id=f"c{i}@sim", context=ctx(i), user_turn=f"Certainly! Here is item {i}."))
+    r = measure_td(real, sim, detectors=("classical", "lmjudge"), folds=3, n_boot=100,
+                   detector_kwargs={"lmjudge": SMALL})
+    assert set(r["detectors"]) == {"classical", "lmjudge"}
+    assert r["old_panel"]["detectors"] == ["classical"]
+    assert r["old_panel"]["td"] == r["detectors"]["classical"]["td"]
+    assert r["td"] == max(d["td"] for d in r["detectors"].values())
+    assert r["paired_td"] == max(d["paired_td"] for d in r["detectors"].values())
+    # without the judge there is no old panel to keep apart
+    assert measure_td(real, sim, detectors=("classical", "style"), folds=3, n_boot=100)["old_panel"] is None
+
+
+def test_the_pairwise_reward_is_capped_at_cannot_tell_and_the_length_band_is_free_inside():
+    from adversary.reward import disc_reward, length_penalty
+
+    r = disc_reward(np.array([1.0, -2.0, 0.0, -9.0]), "pairwise", 5.0, real_logits=np.array([0.0, 0.0, 0.5, 0.0]))
+    np.testing.assert_allclose(r, [0.0, -2.0, -0.5, -5.0])  # more human than the human earns nothing more
+    with pytest.raises(ValueError):
+        disc_reward(np.zeros(2), "pairwise", 5.0)
+    assert length_penalty(10, 10) == 0.0
+    assert length_penalty(14, 10, band=1.5) == 0.0  # 15/11 is inside the band
+    assert length_penalty(32, 10, band=1.5) == pytest.approx(-(math.log(33 / 11) - math.log(1.5)))
+    assert length_penalty(32, 10) == pytest.approx(-math.log(33 / 11))
+
+
+def test_turing_grpo_names_every_break_of_its_recipe_before_anything_loads(tmp_path, capsys):
+    from adversary.train import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--config", SMOKE, "--output_dir", str(tmp_path / "x"), "--objective", "turing_grpo", "--beta", "0"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    for key in ("disc_family", "disc_reward", "length_band", "beta"):
+        assert key in err
+    assert not (tmp_path / "x" / "warmstart").exists()
+
+
+def test_turing_grpo_runs_end_to_end_against_a_judge_and_exports(tmp_path):
+    from adversary.train import main
+
+    out = tmp_path / "tg"
+    argv = ["--config", SMOKE, "--output_dir", str(out), "--objective", "turing_grpo", "--disc_family", "lmjudge",
+            "--disc_weights", "1.0", "0.0", "--disc_reward", "pairwise", "--length_band", "1.5", "--w_length", "0.5",
+            "--beta", "0.01", "--disc_lr", "1e-3"]
+    assert main(argv) == 0
+    manifest = json.loads((out / "frozen" / "simulator.json").read_text())
+    assert manifest["objective"] == "turing_grpo"
+    assert manifest["config"]["adversary"]["discriminator"]["disc_family"] == "lmjudge"
+    saved = json.loads((out / "summary.json").read_text())
+    assert 0 <= saved["best_td"] <= 50
