@@ -362,6 +362,10 @@ class ExportArgs(ConfigPart):
     export_guide_rule: str = field(default="resample", metadata={
         "help": "How the guide keeps one of K: resample (by D/(1-D), the rule that held its length at the real "
                 "median) or argmax."})
+    export_report: bool = field(default=True, metadata={
+        "help": "After the export: read it as its users get it (its guide and recorded sampling) on the held-out "
+                "contexts, draw it on the curve, and write its realism report into it (README.md, a model card: "
+                "adversary.card)."})
 
     def _checks(self) -> list:
         return [(self.export_guide_rule in ("resample", "argmax"), "export_guide_rule",

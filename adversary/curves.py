@@ -58,7 +58,10 @@ def read_curves(path: str | Path) -> list[dict[str, Any]]:
 
 
 def plot_curves(rows: list[dict[str, Any]], path: str | Path, *, freeze_step: int | None = None,
-                best_step: int | None = None, title: str = "Held-out Turing distance") -> Path:
+                best_step: int | None = None, title: str = "Held-out Turing distance",
+                shipped: dict[str, Any] | None = None) -> Path:
+    """The curve; `shipped` (the export read as its users get it: `adversary.card.shipped_reading`) is drawn as its
+    own point at the best step, with its CI."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -79,13 +82,21 @@ def plot_curves(rows: list[dict[str, Any]], path: str | Path, *, freeze_step: in
         for i, name in enumerate(detectors, start=1):
             ax.plot(steps, [r.get(f"td/{name}") for r in rows], "--", lw=1, color=f"C{i}", label=f"{name}")
         if any(r.get("conv/td") is not None for r in rows):  # the conversation level, beside the turns
-            ax.plot(steps, [r.get("conv/td") for r in rows], "-s", color="black", lw=1.5,
-                    label=f"conversation td ({rows[-1].get('conv/conversations')} conversations)")
+            n_conv = next((r["conv/conversations"] for r in rows if r.get("conv/conversations") is not None), None)
+            ax.plot(steps, [r.get("conv/td") for r in rows], "s", color="black", lw=1.5,
+                    label="conversation td" + (f" ({n_conv:.0f} conversations)" if n_conv is not None else ""))
         for key, style, label in (("disc/acc", ":", "training discriminator |acc-50|"),
                                   ("disc/heldout_acc", "-.", "training discriminator |acc-50|, fresh pairs")):
             if any(r.get(key) is not None for r in rows):
                 ax.plot(steps, [abs(r[key] * 100 - 50) if r.get(key) is not None else None for r in rows], style,
                         color="gray", lw=1, label=label)
+    if shipped is not None:
+        x = best_step if best_step is not None else (steps[-1] if steps else 0)
+        td = shipped["td/panel"]
+        err = [[td - shipped["td/ci_low"]], [shipped["td/ci_high"] - td]]
+        k = shipped.get("guidance") or 1
+        ax.errorbar([x], [td], yerr=err, fmt="*", ms=14, color="crimson", capsize=4,
+                    label=f"shipped export ({'guide K=' + str(k) if k > 1 else 'unguided'}): td {td:.1f}")
     if best_step is not None:
         ax.axvline(best_step, color="green", lw=1, alpha=0.7, label=f"best (exported) step {best_step}")
     if freeze_step is not None:

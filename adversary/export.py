@@ -4,6 +4,7 @@ sha256 of every file). Written to a temporary folder and renamed into place, fil
 never leaves a folder that passes `verify`.
 
     python -m adversary.export verify DIR      # exit 0 when every hash matches; 1 naming the file otherwise
+    python -m adversary.export show DIR        # its realism report (README.md, the model card: adversary.card)
 """
 
 from __future__ import annotations
@@ -89,6 +90,26 @@ def export_frozen(model, tokenizer, out_dir: str | Path, manifest: dict[str, Any
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    return out
+
+
+def add_files(out_dir: str | Path, write) -> Path:
+    """Add files to a sealed export and reseal it: `write(folder)` writes them (the realism report of
+    `adversary.card`, which can only be measured once the export exists), every hash is taken again and the manifest
+    replaced atomically (written as the pending manifest, then renamed over the old one)."""
+    out = Path(out_dir)
+    problems = verify_export(out)
+    if problems:
+        raise ExportError("refusing to add files to a modified or incomplete export: " + "; ".join(problems[:3]), str(out))
+    manifest = read_manifest(out)
+    before = {p for p in out.rglob("*") if p.is_file()}
+    write(out)
+    for p in out.rglob("*"):
+        if p.is_file() and p not in before:
+            os.chmod(p, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+    manifest["files"] = _hash_tree(out)
+    (out / PENDING).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
+    os.replace(out / PENDING, out / MANIFEST)
     return out
 
 
@@ -193,7 +214,15 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     v = sub.add_parser("verify", help="check every file's sha256 against simulator.json")
     v.add_argument("dir")
+    sh = sub.add_parser("show", help="print the export's realism report (its model card, README.md)")
+    sh.add_argument("dir")
     args = p.parse_args(argv)
+    if args.cmd == "show":
+        card = Path(args.dir) / "README.md"
+        if not card.exists():
+            raise ExportError("no README.md: an export written before the realism report (re-export it)", args.dir)
+        print(card.read_text())
+        return 0
     problems = verify_export(args.dir)
     if problems:
         for line in problems:

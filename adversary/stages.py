@@ -308,8 +308,38 @@ class StageTimer:
         return ctx()
 
 
+def report_export(cfg: AdversaryConfig, frozen: Path, data: RunData, state, base: dict | None, out: Path) -> dict | None:
+    """The export read as its users get it (`adversary.card.shipped_reading`), drawn on the curve, and its realism
+    report written into it; returns the four readings side by side ({"base_model", "warm_start", "best",
+    "shipped"}: `adversary.card.level`), None where `export_report` is off (main process only)."""
+    from accelerate import PartialState
+
+    if not cfg.export_report or not PartialState().is_main_process:
+        return None
+    from adversary.card import level, shipped_reading, write_card
+    from adversary.curves import plot_curves
+    from adversary.export import read_manifest
+
+    row, sims = shipped_reading(cfg, frozen, data)
+    best = state.gate.best
+    best_row = next((r for r in state.rows if best is not None and r["step"] == best.step), None)
+    levels = {"base_model": level(base), "warm_start": level(state.rows[0]) if state.rows else None,
+              "best": level(best_row), "shipped": {**level(row), "guidance": row["guidance"]}}
+    write_card(frozen, read_manifest(frozen), levels, list(data.heldout), sims, cfg)
+    plot_curves(state.rows, out / "turing_curve.png", freeze_step=state.rows[-1]["step"] if state.gate.stopped else None,
+                best_step=best.step if best else None, shipped=row)
+    print(f"[td] shipped export ({'guide K=' + str(row['guidance']) if row['guidance'] > 1 else 'unguided'}): td "
+          f"{row['td/panel']:.1f} (95% CI {row['td/ci_low']:.1f}-{row['td/ci_high']:.1f}) on the held-out contexts; "
+          f"realism report: {frozen / 'README.md'}", flush=True)
+    return levels
+
+
+def _ci_text(x: dict | None) -> str:
+    return "-" if not x else f"{x['td']:.1f} ({x['td_ci95'][0]:.1f}-{x['td_ci95'][1]:.1f})"
+
+
 def write_summary(out: Path, state, base: dict | None, frozen: Path, t_start: float, timer: StageTimer | None = None,
-                  threads: dict | None = None) -> None:
+                  threads: dict | None = None, levels: dict | None = None) -> None:
     from accelerate import PartialState
 
     if not PartialState().is_main_process:
@@ -328,7 +358,18 @@ def write_summary(out: Path, state, base: dict | None, frozen: Path, t_start: fl
     }
     if base:
         summary["base_model_td"] = round(base["td/panel"], 2)
+    if levels:  # base model, warm start, best checkpoint and the shipped export, each with its CI, both levels
+        summary["simulators"] = levels
+        summary["shipped_td"] = levels["shipped"]["td"]
+        summary["shipped_td_ci95"] = levels["shipped"]["td_ci95"]
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    if levels:
+        k = levels["shipped"].get("guidance", 1)
+        print(f"done: td (95% CI) base {_ci_text(levels['base_model'])}, warm start {_ci_text(levels['warm_start'])}, "
+              f"best {_ci_text(levels['best'])} at step {best.step}, shipped "
+              f"{'with its guide K=' + str(k) if k > 1 else 'unguided'} {_ci_text(levels['shipped'])}; gate: "
+              f"{gate.reason}; exported {frozen} (its report: README.md); {wall / 60:.1f} min", flush=True)
+        return
     print(f"done: {'base td ' + str(summary['base_model_td']) + ', ' if base else ''}td {summary['start_td']} -> "
           f"best {summary['best_td']} (95% CI {summary['best_td_ci95'][0]}-{summary['best_td_ci95'][1]}) at step "
           f"{best.step}; gate: {gate.reason}; exported {frozen}; {wall / 60:.1f} min", flush=True)

@@ -125,7 +125,10 @@ def main(argv=None) -> int:
     with timer("export"):
         frozen = stages.export_best(cfg, args, out / "best", stages.manifest(cfg, args, data, state, start_model, base),
                                     data)
-    stages.write_summary(out, state, base, frozen, t_start, timer, threads=threads.to_dict())
+    # 7. the export read as its users get it (guide, recorded sampling), its realism report written into it
+    with timer("shipped_reading"):
+        levels = stages.report_export(cfg, frozen, data, state, base, out)
+    stages.write_summary(out, state, base, frozen, t_start, timer, threads=threads.to_dict(), levels=levels)
     return 0
 
 

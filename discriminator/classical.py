@@ -143,6 +143,19 @@ class ClassicalDetector(_SklearnDetector):
     def _features(self, items: Sequence[TurnRecord]):
         return self._featurize(items, fit=False)
 
+    def cues(self, k: int = 10) -> dict[str, list[tuple[str, float]]]:
+        """The word n-grams that weigh most toward each side, `{"real": [(ngram, weight)], "simulated": [...]}`:
+        what this fitted detector keys on (the character n-grams and style features are left out: they read
+        poorly)."""
+        self._check_fitted()
+        coef = np.asarray(self._model.coef_, dtype=np.float64).reshape(-1)  # [char | word | style]
+        n_char = len(self._char.vocabulary_)
+        words = self._word.get_feature_names_out()
+        w = coef[n_char:n_char + len(words)]
+        order = np.argsort(w)
+        return {"real": [(str(words[i]), float(w[i])) for i in order[::-1][:k]],
+                "simulated": [(str(words[i]), float(w[i])) for i in order[:k]]}
+
 
 class StyleDetector(_SklearnDetector):
     """Gradient-boosted trees over the style features only (no vocabulary): a different family from the n-gram model."""
