@@ -19,12 +19,15 @@ import json
 import platform
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from conversations.schema import TurnRecord
 from conversations.seeds import seed_for
+
+if TYPE_CHECKING:
+    from adversary.config import AdversaryConfig, MeterArgs
 
 CARD = "README.md"
 LENGTHS_FIGURE = "lengths.png"
@@ -32,7 +35,7 @@ TELL_KEYS = (("empty_rate", "empty"), ("truncated_rate", "truncated (hit the tok
              ("assistant_likeness", "assistant-like"), ("copy_rate", "copies the context (prompt echo)"))
 
 
-def shipped_reading(cfg, frozen: Path, data) -> tuple[dict, list[TurnRecord]]:
+def shipped_reading(cfg: AdversaryConfig, frozen: Path, data) -> tuple[dict, list[TurnRecord]]:
     """(the reading, the first seed's simulated turns) of the export at `frozen` on `data.heldout`."""
     from adversary.compare import EngineSimulator
     from adversary.heldout import HELDOUT_SEED, mean_rows, measure_heldout
@@ -231,7 +234,7 @@ def machine() -> str:
 
 
 def write_card(frozen: Path, manifest: dict, levels: dict, real: list[TurnRecord], sims: list[TurnRecord],
-               cfg) -> dict:
+               cfg: MeterArgs) -> dict:
     """The card and its figure into the export (resealed); returns the report the card was written from."""
     from adversary.export import add_files
 

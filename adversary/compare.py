@@ -284,7 +284,7 @@ def main(argv=None) -> int:
 
     start_process()
     from adversary.study_scoring import paired_differences
-    from adversary.train import quiet_libraries
+    from conversations.cli_util import quiet_libraries
     from conversations import write_jsonl
     from conversations.precision import resolve_precision
     from conversations.turns import cut_conversations

@@ -150,6 +150,7 @@ class Discriminator:
         doc = json.loads((d / "ensemble.json").read_text())
         neural = None
         if doc["weights"][0] > 0:
+            import discriminator.lm_judge  # noqa: F401 (a saved judge loads as one: NeuralDetector.families)
             from discriminator.neural import NeuralDetector
 
             neural = NeuralDetector.load(d / "neural")

@@ -151,7 +151,7 @@ def main(argv=None) -> int:
     from adversary.guidance import choose, effective_sample_size
     from adversary.heldout import HELDOUT_SEED, heldout_settings, simulate_heldout
     from adversary.stages import prepare_data, warm_start
-    from adversary.train import quiet_libraries
+    from conversations.cli_util import quiet_libraries
     from conversations.bootstrap import percentile_ci, resample_counts
     from conversations.config import to_jsonable
     from conversations.precision import inference_dtype

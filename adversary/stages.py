@@ -40,6 +40,17 @@ class RunData:
     real_end_rate: float | None = None  # train: real users' end rate per turn inside the conversation window
 
 
+def check_recipe(cfg: ObjectiveArgs, args) -> None:
+    """An objective with a recipe of its own (a `check_config(cfg, args)` classmethod: turing_grpo) checks it when the
+    config is parsed, before any model loads: a broken recipe is one line naming the keys, not an error after the
+    warm start."""
+    from adversary.objectives import get_objective
+
+    check = getattr(get_objective(cfg.objective), "check_config", None)
+    if check is not None:
+        check(cfg, args)
+
+
 def prepare_data(cfg: AdversaryConfig, seed: int, *, val_contexts: int = 0) -> RunData:
     """Real user turns, split by conversation (no conversation in two splits). Every subset the run uses is drawn
     here, with its seed derived in this one block: the train split is shuffled once (seed) and cut into the warm

@@ -332,7 +332,7 @@ def run_guided_arm(run, cfg: AdversaryConfig, args, study, data, start_model: st
 def main(argv=None) -> int:
     from adversary.config import resolved as resolved_config
     from adversary.stages import prepare_data
-    from adversary.train import quiet_libraries
+    from conversations.cli_util import quiet_libraries
     from conversations.config import to_jsonable
     from conversations.loaders import write_jsonl
 
@@ -352,9 +352,9 @@ def main(argv=None) -> int:
     for label, overrides, _ in arms:  # every arm's keys checked now, not after the warm start
         arm_cfg, arm_args = arm_config(cfg, args, overrides)
         if not label.startswith("sft"):
-            from adversary.objectives import get_objective
+            from adversary.stages import check_recipe
 
-            get_objective(arm_cfg.objective).check_config(arm_cfg, arm_args)
+            check_recipe(arm_cfg, arm_args)
     (out / "arms").mkdir(parents=True, exist_ok=True)  # after the checks: a bad command line leaves nothing behind
     data = prepare_data(cfg, args.seed, val_contexts=study.val_contexts)
     print(f"study: {len(data.heldout)} test contexts x {len(study.study_seeds)} seeds, {len(data.val)} validation "

@@ -55,6 +55,8 @@ def choose_temperature(model, tok, cfg: AdversaryConfig, study, data, seed: int,
     from adversary.heldout import HELDOUT_SEED, heldout_settings
     from discriminator.turing import measure_td
 
+    if len(study.temperatures) == 1:  # nothing to choose: no validation reading
+        return study.temperatures[0], {}
     tds = {}
     for t in study.temperatures:
         sims, _ = simulate_arm(model, tok, data.val, cfg, heldout_settings(cfg, t), HELDOUT_SEED, guide)

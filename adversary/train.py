@@ -14,7 +14,6 @@ one core).
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import time
@@ -24,7 +23,7 @@ from typing import TYPE_CHECKING
 if __package__ in (None, ""):  # run as a script (accelerate launch adversary/train.py): make the packages importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from conversations.cli_util import friendly_errors
+from conversations.cli_util import friendly_errors, quiet_libraries  # noqa: F401 (quiet_libraries: the benches)
 
 if TYPE_CHECKING:
     from adversary.config import ObjectiveArgs
@@ -36,12 +35,13 @@ def parse_args(argv):
     """(AdversaryConfig, GRPOConfig); a key the user set that the chosen objective does not read is named (a preset
     for GRPO run with objective dpo_rounds would otherwise set its reward weights to no effect, silently)."""
     from adversary.config import parse_job
-    from adversary.objectives import get_objective, ignored_keys
+    from adversary.objectives import ignored_keys
+    from adversary.stages import check_recipe
     from conversations.config import given_keys
 
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg, args = parse_job((), argv, prog="adversary/train.py", default_config=DEFAULT_CONFIG)
-    get_objective(cfg.objective).check_config(cfg, args)
+    check_recipe(cfg, args)
     given = given_keys(argv if "--config" in argv else ["--config", str(DEFAULT_CONFIG)] + argv)
     ignored = ignored_keys(cfg.objective, set().union(*given))
     if ignored:
@@ -130,22 +130,6 @@ def main(argv=None) -> int:
         levels = stages.report_export(cfg, frozen, data, state, base, out)
     stages.write_summary(out, state, base, frozen, t_start, timer, threads=threads.to_dict(), levels=levels)
     return 0
-
-
-def quiet_libraries() -> None:
-    """Our progress bar and our lines, not every library's: loading bars, dataset-map bars and deprecation notes."""
-    import warnings
-
-    import datasets
-    import transformers
-
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
-    warnings.filterwarnings("ignore", message=".*pin_memory.*")
-    datasets.disable_progress_bars()
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
 
 
 if __name__ == "__main__":

@@ -54,3 +54,20 @@ def start_process(announce: bool | None = None):
     choice = apply_threads(announce=announce)
     freeze_startup()
     return choice
+
+
+def quiet_libraries() -> None:
+    """Our progress bar and our lines, not every library's: loading bars, dataset-map bars and deprecation notes."""
+    import logging
+    import warnings
+
+    import datasets
+    import transformers
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", message=".*pin_memory.*")
+    datasets.disable_progress_bars()
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()

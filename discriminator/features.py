@@ -15,6 +15,12 @@ from conversations import TurnRecord
 ROLE_TAGS = {"system": "system", "user": "user", "assistant": "assistant"}
 
 
+def has_context(item: TurnRecord) -> bool:
+    """A context with a user or assistant message. An empty (or system-only) context carries nothing about the turn
+    that could leak, so it does not tie items together (else every opening turn would share one group)."""
+    return any(m["role"] != "system" for m in item.context)
+
+
 def render_context(context: Sequence[dict], max_chars: int | None = None) -> str:
     """The messages before the turn as `role: content` lines, oldest first. With `max_chars`, only the tail is kept
     (truncated from the left): the end of the context (the assistant message the user answers) matters most."""

@@ -42,8 +42,8 @@ class LMJudgeConfig(NeuralDetectorConfig):
     """The language-model judge's settings: `NeuralDetectorConfig`'s fields with a judge's defaults."""
 
     backbone: str = "smollm2-135m-instruct"  # by default the generator's base model, with its own adapter and head
-    max_length: int = 192  # context tail + turn
-    context_tokens: int = 96
+    max_length: int = 160  # context tail + turn (99% of real turns fit in 81 tokens)
+    context_tokens: int = 64
     lr: float = 2e-4  # LoRA moves slowly at an encoder's 2e-5
     head_lr: float | None = 1e-3
     batch_size: int = 16
@@ -61,7 +61,7 @@ class LMJudgeConfig(NeuralDetectorConfig):
 def context_units(items: Sequence[TurnRecord], labels: np.ndarray) -> list[list[int]]:
     """Item indices grouped by context, in first-seen order: a group with both labels yields pairs; every other item
     is a group of its own. Empty contexts never group (they are not one context)."""
-    from discriminator.turing import has_context
+    from discriminator.features import has_context
 
     by_ctx: dict[str, list[int]] = defaultdict(list)
     units: list[list[int]] = []

@@ -66,17 +66,6 @@ class _class_or_instance:
         return functools.partial(self.fn, obj if obj is not None else owner)
 
 
-def _family(name: str, where: str) -> type:
-    """The detector class saved under `family` in discriminator.json."""
-    if name == "lmjudge":
-        from discriminator.lm_judge import LMJudge
-
-        return LMJudge
-    if name == "neural":
-        return NeuralDetector
-    raise DataError(f"a saved discriminator of unknown family {name!r}", where)
-
-
 @dataclass
 class NeuralDetectorConfig:
     """The neural detector's settings (saved beside its weights; `NeuralDetector.load` rebuilds from them)."""
@@ -115,6 +104,11 @@ class NeuralDetectorConfig:
 class NeuralDetector:
     name = "neural"
     config_class = NeuralDetectorConfig  # a subclass family (discriminator.lm_judge) brings its own defaults
+    families: dict[str, type] = {}  # name -> class, filled as each family's module is imported (`load` reads it)
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        NeuralDetector.families[cls.name] = cls
 
     def __init__(self, config: "NeuralDetectorConfig | str | None" = None, device: str | None = None,
                  **settings) -> None:
@@ -432,11 +426,8 @@ class NeuralDetector:
             raise DataError(f"saved with state version {meta.get('version')}, this code reads {STATE_VERSION}", str(d))
         if isinstance(cls_or_self, NeuralDetector):
             det = cls_or_self
-        else:
-            cls = cls_or_self
-            if meta.get("family", cls.name) != cls.name:  # NeuralDetector.load of a saved judge builds the judge
-                cls = _family(meta["family"], str(d))
-            det = cls(**meta["config"], device=device)
+        else:  # a saved judge builds the judge (its module imported: `families`)
+            det = NeuralDetector.families.get(meta.get("family"), cls_or_self)(**meta["config"], device=device)
         opt = torch.load(d / "optimizer.pt", map_location="cpu", weights_only=True) if (d / "optimizer.pt").exists() else None
         sd = {
             "config": meta["config"],

@@ -19,7 +19,8 @@ import numpy as np
 
 from conversations import DataError, TurnRecord
 from conversations.bootstrap import percentile_ci, resample_counts
-from discriminator.features import normalise_turn_text
+from discriminator.features import has_context, normalise_turn_text  # noqa: F401 (has_context: callers)
+from discriminator.registry import _REGISTRY, detector_names, make_detector, register_detector  # noqa: F401
 
 MIN_ITEMS = 20
 # the language-model judge (discriminator.lm_judge) joined the panel on 2026-12-07; every report keeps the panel
@@ -32,60 +33,6 @@ FAST_PANEL = ("classical", "style")
 NEURAL_PANEL_DEFAULTS = {"max_length": 128, "context_tokens": 48, "lr": 5e-5, "batch_size": 16, "epochs": 1}
 # the judge inside the meter: a fresh LoRA adapter and head on SmolLM2-135M per fold (docs/turing-distance.md)
 LMJUDGE_PANEL_DEFAULTS = {"max_length": 160, "context_tokens": 64, "batch_size": 16, "epochs": 1}
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# detector registry
-
-
-def _classical(**kw):
-    from discriminator.classical import ClassicalDetector
-
-    return ClassicalDetector(**kw)
-
-
-def _style(**kw):
-    from discriminator.classical import StyleDetector
-
-    return StyleDetector(**kw)
-
-
-def _neural(**kw):
-    from discriminator.neural import NeuralDetector
-
-    return NeuralDetector(**kw)
-
-
-def _lmjudge(**kw):
-    from discriminator.lm_judge import LMJudge
-
-    return LMJudge(**kw)
-
-
-def _embed(**kw):
-    from discriminator.embedding import EmbeddingDetector
-
-    return EmbeddingDetector(**kw)
-
-
-_REGISTRY: dict[str, Callable[..., Any]] = {"classical": _classical, "style": _style, "neural": _neural,
-                                            "embed": _embed, "lmjudge": _lmjudge}
-
-
-def register_detector(name: str, factory: Callable[..., Any]) -> None:
-    """Add a detector family: `factory(seed=..., **kw)` returns an object with `fit(items, labels)` and
-    `score(items) -> log-odds of real`."""
-    _REGISTRY[name] = factory
-
-
-def detector_names() -> list[str]:
-    return list(_REGISTRY)
-
-
-def make_detector(name: str, **kw) -> Any:
-    if name not in _REGISTRY:
-        raise DataError(f"unknown detector {name!r} (choose from {', '.join(_REGISTRY)})")
-    return _REGISTRY[name](**kw)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -149,12 +96,6 @@ def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
     from sklearn.metrics import roc_auc_score
 
     return float(roc_auc_score(np.asarray(labels), np.asarray(scores, dtype=np.float64)))
-
-
-def has_context(item: TurnRecord) -> bool:
-    """A context with a user or assistant message. An empty (or system-only) context carries nothing about the turn
-    that could leak, so it does not tie items together (else every opening turn would share one group)."""
-    return any(m["role"] != "system" for m in item.context)
 
 
 def _chain(h: bytes, role: str, content: str) -> bytes:

@@ -50,3 +50,4 @@ def ignored_keys(name: str, given: set[str]) -> list[str]:
     reads = set(get_objective(name).owns)
     others = set().union(*(get_objective(o).owns for o in available() if o != name))
     return sorted((others - reads) & set(given))
+

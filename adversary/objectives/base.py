@@ -119,11 +119,6 @@ class Objective:
                 raise DataError(f"objective {self.name} runs in one process; use objective grpo to train on several")
 
     @classmethod
-    def check_config(cls, cfg, args) -> None:
-        """Raise a ConfigError naming the keys to change when (cfg, GRPOConfig) cannot run this objective: called
-        when the config is parsed, before any model loads (an objective with a recipe of its own checks it here)."""
-
-    @classmethod
     def latest_checkpoint(cls, out_dir: Path) -> Path | None:
         """The newest complete checkpoint this objective wrote under `out_dir` (`--resume_from_checkpoint latest`)."""
         from adversary.state import latest_complete_checkpoint

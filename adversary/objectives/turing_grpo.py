@@ -15,11 +15,16 @@ the preset; the loop, the meter and the gate are `grpo`'s.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from adversary.objectives import register
 from adversary.objectives.grpo import GRPO
 
+if TYPE_CHECKING:
+    from adversary.config import AdversaryConfig
 
-def recipe_problems(cfg, args) -> list[str]:
+
+def recipe_problems(cfg: AdversaryConfig, args) -> list[str]:
     """What in (cfg, GRPOConfig) breaks the recipe, each with its fix; empty when it holds."""
     out = []
     if cfg.disc_family != "lmjudge":
@@ -40,7 +45,7 @@ class TuringGRPO(GRPO):
     owns = GRPO.owns
 
     @classmethod
-    def check_config(cls, cfg, args) -> None:
+    def check_config(cls, cfg: AdversaryConfig, args) -> None:
         from conversations.config import ConfigError
 
         problems = recipe_problems(cfg, args)
