@@ -2,7 +2,7 @@
 
 - `shipped_reading`: after the export, the meter reads the export itself (loaded from its folder, hashes checked, at
   the sampling settings it records, its guide on when it carries one) on the run's held-out contexts, one reading
-  per `meter_seeds` sampling seed (the mean is the reading), with the curve's panel.
+  per `export_report_seeds` sampling seed (the meter's seeds; the mean is the reading), with the curve's panel.
 - `write_card`: `README.md` in the export, a Hugging Face model card: the metadata header, what the simulator is for
   and not for, how to load, serve and chat with it and turn its guide on and off, the data and base model; the td
   table (base model, warm start, best checkpoint, shipped export: each with its CI, turn and conversation level where
@@ -27,7 +27,7 @@ from conversations.schema import TurnRecord
 from conversations.seeds import seed_for
 
 if TYPE_CHECKING:
-    from adversary.config import AdversaryConfig, MeterArgs
+    from adversary.config import AdversaryConfig
 
 CARD = "README.md"
 LENGTHS_FIGURE = "lengths.png"
@@ -43,7 +43,7 @@ def shipped_reading(cfg: AdversaryConfig, frozen: Path, data) -> tuple[dict, lis
     t0 = time.perf_counter()
     sim = EngineSimulator(f"frozen:{frozen}", cfg.dtype, cfg.sim_batch_size, None)
     rows, first = [], None
-    for j in range(cfg.meter_seeds):
+    for j in range(cfg.export_report_seeds):
         sims = sim.turns(data.heldout, seed=seed_for("meter_seed", HELDOUT_SEED, j))
         first = first if first is not None else sims
         rows.append(measure_heldout(data.heldout, sims, cfg))
@@ -183,8 +183,9 @@ def card_text(manifest: dict, report: dict) -> str:
         "",
         f"Turing distance td = |accuracy - 50| of fresh detectors cross-fitted on {report['n_contexts']} held-out "
         f"contexts (0: indistinguishable from the real users, 50: every turn caught); the panel's maximum over "
-        f"{', '.join(report['panel'])}; 95% CIs by group bootstrap; each reading the mean of {report['seeds']} "
-        f"sampling seed(s). Measured {report['date']} on {report['machine']}.",
+        f"{', '.join(report['panel'])}; 95% CIs by group bootstrap; the curve's readings (base model, warm start, best) "
+        f"the mean of {report['seeds']['curve']} sampling seed(s), the shipped export's of "
+        f"{report['seeds']['shipped']}. Measured {report['date']} on {report['machine']}.",
         "",
         "| simulator | turn td [95% CI] | conversation td [95% CI] | by detector (turn) |",
         "|---|---|---|---|",
@@ -234,12 +235,13 @@ def machine() -> str:
 
 
 def write_card(frozen: Path, manifest: dict, levels: dict, real: list[TurnRecord], sims: list[TurnRecord],
-               cfg: MeterArgs) -> dict:
-    """The card and its figure into the export (resealed); returns the report the card was written from."""
+               panel: list[str], seeds: dict[str, int]) -> dict:
+    """The card and its figure into the export (resealed); returns the report the card was written from. `seeds`:
+    sampling seeds a reading is the mean of, {"curve": n, "shipped": n}."""
     from adversary.export import add_files
 
     report = {"levels": levels, "tells": tells(real, sims), "examples": side_by_side(real, sims),
-              "n_contexts": len(real), "panel": list(cfg.heldout_detectors), "seeds": cfg.meter_seeds,
+              "n_contexts": len(real), "panel": list(panel), "seeds": seeds,
               "date": time.strftime("%Y-%m-%d"), "machine": machine()}
 
     def write(folder: Path) -> None:
@@ -249,3 +251,29 @@ def write_card(frozen: Path, manifest: dict, levels: dict, real: list[TurnRecord
 
     add_files(frozen, write)
     return report
+
+
+def report_export(cfg: AdversaryConfig, frozen: Path, data, state, base: dict | None, out: Path) -> dict | None:
+    """The export read as its users get it (`adversary.card.shipped_reading`), drawn on the curve, and its realism
+    report written into it; returns the four readings side by side ({"base_model", "warm_start", "best",
+    "shipped"}: `adversary.card.level`), None where `export_report` is off (main process only)."""
+    from accelerate import PartialState
+
+    if not cfg.export_report or not PartialState().is_main_process:
+        return None
+    from adversary.curves import plot_curves
+    from adversary.export import read_manifest
+
+    row, sims = shipped_reading(cfg, frozen, data)
+    best = state.gate.best
+    best_row = next((r for r in state.rows if best is not None and r["step"] == best.step), None)
+    levels = {"base_model": level(base), "warm_start": level(state.rows[0]) if state.rows else None,
+              "best": level(best_row), "shipped": {**level(row), "guidance": row["guidance"]}}
+    write_card(frozen, read_manifest(frozen), levels, list(data.heldout), sims, cfg.heldout_detectors,
+               {"curve": cfg.meter_seeds, "shipped": cfg.export_report_seeds})
+    plot_curves(state.rows, out / "turing_curve.png", freeze_step=state.rows[-1]["step"] if state.gate.stopped else None,
+                best_step=best.step if best else None, shipped=row)
+    print(f"[td] shipped export ({'guide K=' + str(row['guidance']) if row['guidance'] > 1 else 'unguided'}): td "
+          f"{row['td/panel']:.1f} (95% CI {row['td/ci_low']:.1f}-{row['td/ci_high']:.1f}) on the held-out contexts; "
+          f"realism report: {frozen / 'README.md'}", flush=True)
+    return levels

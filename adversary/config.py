@@ -11,6 +11,7 @@ on the command line (`--key value`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from conversations.config import ConfigError
 from generator.model import LoraArgs
@@ -38,7 +39,7 @@ RANGES = {
     "sim_batch_size": ">= 1", "sim_temperature": "> 0", "sim_top_p": "(0, 1]", "gate_patience": ">= 1",
     "gate_min_delta": ">= 0", "gate_target_td": "[0, 50]", "gate_smooth": ">= 1", "conv_contexts": ">= 0",
     "conv_max_turns": ">= 1", "end_calibration_contexts": ">= 8", "export_guidance": ">= 1",
-    "export_guide_contexts": ">= 64",
+    "export_guide_contexts": ">= 64", "export_report_seeds": ">= 1",
 }
 
 
@@ -159,13 +160,11 @@ class DiscriminatorArgs(ConfigPart):
 
     discriminator: str = field(default="minilm-l6", metadata={
         "help": "Backbone of the co-trained discriminator: minilm-l6, tiny-random-encoder, a model id or a path."})
-    disc_family: str = field(default="ensemble", metadata={
-        "help": "The discriminator's neural member: ensemble (a NeuralDetector on `discriminator`'s backbone, pointwise "
-                "log-loss) or lmjudge (discriminator.lm_judge.LMJudge: a causal LM with its own LoRA adapter and "
-                "scalar head, Bradley-Terry on same-context (real, simulated) pairs; backbone `judge_backbone`)."})
-    judge_backbone: str = field(default="", metadata={
-        "help": "disc_family lmjudge: the judge's causal LM ('' = the generator's base model `model`, with its own "
-                "adapter and head)."})
+    disc_family: str = field(default="ensemble", metadata={"help": "The neural member: ensemble (a NeuralDetector on "
+        "`discriminator`) or lmjudge (discriminator.lm_judge: a causal LM, its own LoRA and head, Bradley-Terry on pairs)."})
+    judge_backbone: str = field(default="", metadata={"help": "lmjudge: its causal LM ('' = the generator's `model`)."})
+    judge_init: str = field(default="", metadata={"help": "lmjudge: a judge LMJudge.save wrote (adversary.judge_study's "
+        "OUT/lmjudge, fitted on this warm start's turns) to start from instead of the initial fit ('' = fit here)."})
     disc_init_items: int = field(default=192, metadata={"help": "Real and simulated turns (each) for the initial discriminator fit."})
     disc_epochs: int = field(default=2, metadata={"help": "Epochs of the initial fit."})
     disc_lr: float = field(default=3e-5, metadata={"help": "Discriminator learning rate."})
@@ -204,6 +203,8 @@ class DiscriminatorArgs(ConfigPart):
                 (self.disc_reward in ("logit", "log_d", "pairwise"), "disc_reward",
                  "disc_reward must be logit, log_d or pairwise"),
                 (self.disc_family in ("ensemble", "lmjudge"), "disc_family", "disc_family must be ensemble or lmjudge"),
+                (not self.judge_init or Path(self.judge_init, "discriminator.json").exists(),
+                 "judge_init", f"judge_init {self.judge_init!r} is not a folder LMJudge.save wrote (no discriminator.json)"),
                 (len(self.disc_weights) == 2 and min(self.disc_weights) >= 0 and max(self.disc_weights) > 0,
                  "disc_weights", "disc_weights must be two weights >= 0 (neural, classical), not both 0")]
 
@@ -225,9 +226,8 @@ class ObjectiveArgs(ConfigPart):
     max_faults: int = field(default=5, metadata={"help": "Non-finite losses or rewards tolerated (steps skipped) before the run stops."})
     w_disc: float = field(default=1.0, metadata={"help": "Weight of the discriminator reward."})
     w_length: float = field(default=0.5, metadata={"help": "Weight of the length-ratio term (penalises |log(len_sim/len_real)|)."})
-    length_band: float = field(default=0.0, metadata={
-        "help": "> 1: the length term is 0 while the turn's length is within [real / band, real x band] characters of "
-                "the context's real turn, and -(|log ratio| - log band) outside; 0: the plain -|log ratio|."})
+    length_band: float = field(default=0.0, metadata={"help": "> 1: the length term is 0 within [real / band, real x "
+        "band] characters of the context's real turn, -(|log ratio| - log band) outside; 0: the plain -|log ratio|."})
     w_copy: float = field(default=0.5, metadata={"help": "Weight of the copying-from-context penalty."})
     w_assistant: float = field(default=0.5, metadata={"help": "Weight of the assistant-likeness penalty."})
     round_contexts: int = field(default=64, metadata={"help": "The rounds objectives (dpo_rounds, spin, resample_sft): training contexts per round."})
@@ -362,6 +362,8 @@ class ExportArgs(ConfigPart):
     export_guide_rule: str = field(default="resample", metadata={
         "help": "How the guide keeps one of K: resample (by D/(1-D), the rule that held its length at the real "
                 "median) or argmax."})
+    export_report_seeds: int = field(default=1, metadata={"help": "Sampling seeds of the shipped export's reading "
+        "(the meter's seeds 0..n-1; a guided export samples K turns a context for each)."})
     export_report: bool = field(default=True, metadata={
         "help": "After the export: read it as its users get it (its guide and recorded sampling) on the held-out "
                 "contexts, draw it on the curve, and write its realism report into it (README.md, a model card: "

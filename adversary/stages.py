@@ -194,6 +194,12 @@ def fit_discriminator(cfg: AdversaryConfig, disc, model, tokenizer, data: RunDat
     from generator.sample import simulate_records
 
     t0 = time.perf_counter()
+    if cfg.judge_init and cfg.disc_family == "lmjudge" and disc.neural is not None:
+        disc.neural.load(cfg.judge_init)  # warmed up elsewhere on this warm start's turns: no fit here
+        from accelerate import PartialState
+
+        PartialState().print(f"discriminator: the judge of {cfg.judge_init} (step {disc.neural.step})", flush=True)
+        return {"disc/init_items": 0, "disc/init_train_acc": float("nan"), "disc/init_seconds": time.perf_counter() - t0}
     contexts = data.disc_fit
     with policy_engine(model, tokenizer, precision=cfg.dtype, batch_size=cfg.sim_batch_size) as engine:
         sims = simulate_records(engine, contexts, heldout_settings(cfg), seed=seed_for("fit_samples", seed))
@@ -317,32 +323,6 @@ class StageTimer:
                 self.peak_rss_mb[name] = peak_rss_mb()
 
         return ctx()
-
-
-def report_export(cfg: AdversaryConfig, frozen: Path, data: RunData, state, base: dict | None, out: Path) -> dict | None:
-    """The export read as its users get it (`adversary.card.shipped_reading`), drawn on the curve, and its realism
-    report written into it; returns the four readings side by side ({"base_model", "warm_start", "best",
-    "shipped"}: `adversary.card.level`), None where `export_report` is off (main process only)."""
-    from accelerate import PartialState
-
-    if not cfg.export_report or not PartialState().is_main_process:
-        return None
-    from adversary.card import level, shipped_reading, write_card
-    from adversary.curves import plot_curves
-    from adversary.export import read_manifest
-
-    row, sims = shipped_reading(cfg, frozen, data)
-    best = state.gate.best
-    best_row = next((r for r in state.rows if best is not None and r["step"] == best.step), None)
-    levels = {"base_model": level(base), "warm_start": level(state.rows[0]) if state.rows else None,
-              "best": level(best_row), "shipped": {**level(row), "guidance": row["guidance"]}}
-    write_card(frozen, read_manifest(frozen), levels, list(data.heldout), sims, cfg)
-    plot_curves(state.rows, out / "turing_curve.png", freeze_step=state.rows[-1]["step"] if state.gate.stopped else None,
-                best_step=best.step if best else None, shipped=row)
-    print(f"[td] shipped export ({'guide K=' + str(row['guidance']) if row['guidance'] > 1 else 'unguided'}): td "
-          f"{row['td/panel']:.1f} (95% CI {row['td/ci_low']:.1f}-{row['td/ci_high']:.1f}) on the held-out contexts; "
-          f"realism report: {frozen / 'README.md'}", flush=True)
-    return levels
 
 
 def _ci_text(x: dict | None) -> str:

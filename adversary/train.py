@@ -85,6 +85,7 @@ def main(argv=None) -> int:
     from transformers import set_seed
 
     from adversary import stages
+    from adversary.card import report_export
     from adversary.heldout import HeldoutMeter
     from adversary.state import AdversaryState
     from generator.model import load_generator
@@ -127,7 +128,7 @@ def main(argv=None) -> int:
                                     data)
     # 7. the export read as its users get it (guide, recorded sampling), its realism report written into it
     with timer("shipped_reading"):
-        levels = stages.report_export(cfg, frozen, data, state, base, out)
+        levels = report_export(cfg, frozen, data, state, base, out)
     stages.write_summary(out, state, base, frozen, t_start, timer, threads=threads.to_dict(), levels=levels)
     return 0
 

@@ -145,3 +145,27 @@ def pin_fingerprint() -> dict:
 
     fp = _cpu_fingerprint()
     return {"cpu": fp["cpu"], "flags": fp["flags"], "torch": fp["torch"]}
+
+
+def test_the_run_reads_what_it_ships_and_writes_its_realism_report(smoke_run):
+    out, r = smoke_run
+    summary = json.loads((out / "summary.json").read_text())
+    sims = summary["simulators"]
+    assert set(sims) == {"base_model", "warm_start", "best", "shipped"}
+    assert sims["shipped"]["guidance"] == 3 and 0 <= sims["shipped"]["td"] <= 50
+    lo, hi = sims["shipped"]["td_ci95"]
+    assert lo <= sims["shipped"]["td"] <= hi and summary["shipped_td"] == sims["shipped"]["td"]
+    last = [line for line in r.stdout.splitlines() if line.startswith("done:")][-1]
+    assert "shipped with its guide K=3" in last and "warm start" in last and "None" not in last
+    card = (out / "frozen" / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: transformers")
+    assert "**shipped export** (guide K=3)" in card and "## Its tells" in card
+    assert card.count("\n| ") >= 10 + 4 + 5  # ten turns beside the real ones, four simulators, the tells
+    assert (out / "frozen" / "lengths.png").stat().st_size > 5000
+    # the report is part of the export: hashed, so verify still passes and a change to it is caught
+    manifest = json.loads((out / "frozen" / "simulator.json").read_text())
+    assert {"README.md", "lengths.png", "realism.json"} <= set(manifest["files"])
+    v = subprocess.run([sys.executable, "-m", "adversary.export", "show", str(out / "frozen")], capture_output=True,
+                       text=True)
+    assert v.returncode == 0 and "How human it reads" in v.stdout
+    assert "None" not in (out / "curves.csv").read_text().splitlines()[0]
