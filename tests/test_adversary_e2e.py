@@ -39,7 +39,7 @@ def smoke_run(tmp_path_factory):
 
 def test_smoke_outputs(smoke_run):
     out, r = smoke_run
-    assert "done: base td" in r.stdout
+    assert "done: td (95% CI) base " in r.stdout
     assert curve_steps(out) == [0, 2, 4]
     assert (out / "turing_curve.png").stat().st_size > 5000
     summary = json.loads((out / "summary.json").read_text())
