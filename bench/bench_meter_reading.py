@@ -2,7 +2,7 @@
 
 A reading of `configs/demo.yaml` (`adversary.heldout.HeldoutMeter.evaluate`) samples `meter_seeds` turns per held-out
 context in one call, solves the end decision's offset, continues the held-out conversations, then fits the detector panels.
-The default run spends ~200 s a reading on it (4 readings, ~43% of its wall time: docs/results.md "The default
+The default run spends ~200 s a reading on it (4 readings, ~43% of its wall time: docs/studies/default-run.md "The default
 run"); this script runs the same calls in the same order on one model and times each, so the default run's budget
 (issue #26) can be cut where the time is.
 
