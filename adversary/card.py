@@ -56,12 +56,13 @@ def shipped_reading(cfg: AdversaryConfig, frozen: Path, data) -> tuple[dict, lis
 
 def level(row: dict | None) -> dict | None:
     """The figures of one reading a table shows: turn td with CI, conversation td with CI where read."""
+    from adversary.curves import TD_SUMMARY
+
     if not row:
         return None
     out = {"td": round(row["td/panel"], 2), "td_ci95": [round(row["td/ci_low"], 2), round(row["td/ci_high"], 2)],
            "detectors": {k[3:]: round(v, 2) for k, v in row.items()
-                         if k.startswith("td/") and isinstance(v, float) and k[3:] in ("classical", "style", "neural",
-                                                                                       "embed", "lmjudge")}}
+                         if k.startswith("td/") and isinstance(v, float) and k[3:] not in TD_SUMMARY}}
     if row.get("conv/td") is not None:
         out["conv_td"] = round(row["conv/td"], 2)
         out["conv_td_ci95"] = [round(row.get("conv/ci_low", row["conv/td"]), 2),
@@ -147,7 +148,7 @@ def card_text(manifest: dict, report: dict) -> str:
     rows = report["levels"]
     t = report["tells"]
     head = ["---", "library_name: transformers", "pipeline_tag: text-generation", f"base_model: {base}",
-            "tags:", "- user-simulator", "- mimesis-adversarial", f"datasets:", f"- {data}", "---", ""]
+            "tags:", "- user-simulator", "- mimesis-adversarial", "datasets:", f"- {data}", "---", ""]
     lines = head + [
         f"# User simulator exported by mimesis-adversarial ({manifest.get('objective', '?')})",
         "",
@@ -168,7 +169,7 @@ def card_text(manifest: dict, report: dict) -> str:
         "python -m adversary.export verify DIR                         # every file's sha256 against simulator.json",
         "```",
         "",
-        f"Where it is loaded as `frozen:DIR` (agent training and evaluation, the server, `adversary.compare`) "
+        "Where it is loaded as `frozen:DIR` (agent training and evaluation, the server, `adversary.compare`) "
         + (f"its guide is on: {k} turns are sampled and one is kept by a calibrated discriminator "
            f"(`frozen:DIR#guidance=1` turns it off; `#guidance=K` sets K)." if k > 1 else
            "it samples one turn (this export carries no guide).")

@@ -30,8 +30,6 @@ import torch
 import torch.nn.functional as F
 
 from conversations import DataError, TurnRecord
-from conversations.seeds import seed_for
-from discriminator.classical import check_labels
 from discriminator.neural import NeuralDetector, NeuralDetectorConfig
 
 JUDGE_LORA = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "target_modules": "all-linear"}
@@ -109,66 +107,37 @@ class LMJudge(NeuralDetector):
             out.append(cur)
         return out
 
-    def update(self, items: Sequence[TurnRecord], labels) -> float:
-        """ONE optimiser step: Bradley-Terry on the same-context pairs of this batch, pointwise log-loss on the rest,
-        averaged over the terms; micro-batches of whole context groups. Returns the mean loss."""
-        if self.frozen:
-            raise RuntimeError("this judge is frozen; it scores only")
-        y = check_labels(items, labels)
-        if not len(y):
-            raise DataError("update() needs at least one item")
-        items = list(items)
+    def _accumulate(self, items: list[TurnRecord], y: np.ndarray) -> float:
+        """Bradley-Terry on the same-context pairs of this batch, pointwise log-loss on the rest, averaged over the
+        terms; micro-batches of whole context groups (`update` around it is NeuralDetector's)."""
         units = context_units(items, y)
         n_terms = sum(len(p) + len(q) for p, q in (pair_terms(u, y) for u in units))
         eps = self.cfg.label_smoothing
-        self.model.train()
         total = 0.0
-        with torch.random.fork_rng(devices=self._rng_devices()):
-            torch.manual_seed(seed_for("dropout_step", self.cfg.seed, self.step))
-            for mb in self._batches(units, self.cfg.batch_size):
-                flat = [i for u in mb for i in u]
-                logits = self._logits(self._collate(self.encode([items[i] for i in flat])))  # (b,)
-                diffs, targets, base = [], [], 0
-                for u in mb:
-                    pairs, point = pair_terms(u, y)
-                    for r, s in pairs:
-                        diffs.append(logits[base + r] - logits[base + s])
-                        targets.append(1.0)
-                    for k in point:
-                        diffs.append(logits[base + k])
-                        targets.append(float(y[u[k]]))
-                    base += len(u)
-                d = torch.stack(diffs)  # (terms,)
-                t = torch.tensor(targets, device=d.device) * (1.0 - eps) + 0.5 * eps
-                loss = F.binary_cross_entropy_with_logits(d, t, reduction="sum") / n_terms
-                loss.backward()
-                total += float(loss.detach())
-        if self.cfg.max_grad_norm:
-            torch.nn.utils.clip_grad_norm_([p for _, p in self._trainable], self.cfg.max_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.model.eval()
-        self.step += 1
+        for mb in self._batches(units, self.cfg.batch_size):
+            flat = [i for u in mb for i in u]
+            logits = self._logits(self._collate(self.encode([items[i] for i in flat])))  # (b,)
+            diffs, targets, base = [], [], 0
+            for u in mb:
+                pairs, point = pair_terms(u, y)
+                diffs += [logits[base + r] - logits[base + s] for r, s in pairs]
+                targets += [1.0] * len(pairs)
+                diffs += [logits[base + k] for k in point]
+                targets += [float(y[u[k]]) for k in point]
+                base += len(u)
+            d = torch.stack(diffs)  # (terms,)
+            t = torch.tensor(targets, device=d.device) * (1.0 - eps) + 0.5 * eps
+            loss = F.binary_cross_entropy_with_logits(d, t, reduction="sum") / n_terms
+            loss.backward()
+            total += float(loss.detach())
         return total
 
-    def fit(self, items: Sequence[TurnRecord], labels, epochs: int | None = None,
-            calibrate: bool = True) -> "LMJudge":
-        """`epochs` passes over the context groups in a seeded order, batches of about `batch_size` items (whole
-        groups), one `update` each; then `calibrate` the offset. Losses land in `self.history`."""
-        y = check_labels(items, labels)
-        items = list(items)
+    def _epoch_batches(self, items: Sequence[TurnRecord], y: np.ndarray) -> list[list[int]]:
+        """One epoch's batches: the context groups in a seeded order, packed whole into about `batch_size` items, so
+        a pair is never split across an update."""
         units = context_units(items, y)
-        n_epochs = self.cfg.epochs if epochs is None else int(epochs)
-        self.history: list[float] = []
-        for _ in range(n_epochs):
-            order = np.random.default_rng([self.cfg.seed, self.epochs_done]).permutation(len(units))
-            for batch in self._batches([units[i] for i in order], self.cfg.batch_size):
-                idx = [i for u in batch for i in u]
-                self.history.append(self.update([items[i] for i in idx], y[idx]))
-            self.epochs_done += 1
-        if calibrate and len(np.unique(y)) == 2:
-            self.calibrate(items, y)
-        return self
+        order = np.random.default_rng([self.cfg.seed, self.epochs_done]).permutation(len(units))
+        return [[i for u in batch for i in u] for batch in self._batches([units[i] for i in order], self.cfg.batch_size)]
 
     def pair_log_odds(self, real: Sequence[TurnRecord], sim: Sequence[TurnRecord]) -> np.ndarray:
         """f(real_i) - f(sim_i) per pair [n]: > 0 where the judge picks the real turn as the human one."""
@@ -177,10 +146,3 @@ class LMJudge(NeuralDetector):
         s = self.score([*real, *sim])
         return s[:len(real)] - s[len(real):]
 
-
-def paired_judge_accuracy(judge, real: Sequence[TurnRecord], sim: Sequence[TurnRecord]) -> float:
-    """Percent of (real, simulated) pairs of the same context where `judge` scores the real turn higher (ties
-    count half). Any detector with `score` works, so the judge and the ensemble are read on the same pairs."""
-    s = np.asarray(judge.score([*real, *sim]), dtype=np.float64)
-    d = s[:len(real)] - s[len(real):]
-    return 100.0 * float(np.mean((d > 0) + 0.5 * (d == 0)))

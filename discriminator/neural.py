@@ -15,7 +15,6 @@ depend on the global RNG), and `save(dir)` / `load(dir)` write it to disk with s
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 from dataclasses import asdict, dataclass
@@ -31,39 +30,12 @@ from conversations.assets import NO_HUB_KERNELS, resolve_model, whole_weights
 from conversations.seeds import seed_for
 from discriminator.classical import check_labels
 from discriminator.features import render_pairs
+from discriminator.loading import _class_or_instance, _quiet_transformers
 
 STATE_VERSION = 1
 # a decoder tokenizer has no pair separator: the turn is announced in text instead
 DECODER_TURN_MARKER = "\nuser: "
 DEFAULT_LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.05}
-
-
-@contextlib.contextmanager
-def _quiet_transformers():
-    """Loading a backbone without a classification head prints a load report; the head is new by design here."""
-    from transformers.utils import logging as hf_logging
-
-    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(level)
-        if bars:
-            hf_logging.enable_progress_bar()
-
-
-class _class_or_instance:
-    """A method that receives the class when called on the class and the instance when called on an instance."""
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def __get__(self, obj, owner):
-        import functools
-
-        return functools.partial(self.fn, obj if obj is not None else owner)
 
 
 @dataclass
@@ -250,21 +222,11 @@ class NeuralDetector:
         y = check_labels(items, labels)
         if not len(y):
             raise DataError("update() needs at least one item")
-        feats = self.encode(items)
-        # label smoothing for a single logit: targets 1 -> 1 - eps/2, 0 -> eps/2
-        targets = torch.tensor(y, dtype=torch.float32) * (1.0 - self.cfg.label_smoothing) + 0.5 * self.cfg.label_smoothing
         self.model.train()
-        total = 0.0
         with torch.random.fork_rng(devices=self._rng_devices()):
             # dropout masks depend on (seed, step) only: restoring a state_dict replays training exactly
             torch.manual_seed(seed_for("dropout_step", self.cfg.seed, self.step))
-            for start in range(0, len(feats), self.cfg.batch_size):
-                sl = slice(start, start + self.cfg.batch_size)
-                logits = self._logits(self._collate(feats[sl]))
-                t = targets[sl].to(self.device)
-                loss = F.binary_cross_entropy_with_logits(logits, t, reduction="sum") / len(feats)
-                loss.backward()
-                total += float(loss.detach())
+            total = self._accumulate(list(items), y)
         if self.cfg.max_grad_norm:
             torch.nn.utils.clip_grad_norm_([p for _, p in self._trainable], self.cfg.max_grad_norm)
         self.optimizer.step()
@@ -272,6 +234,26 @@ class NeuralDetector:
         self.model.eval()
         self.step += 1
         return total
+
+    def _accumulate(self, items: list[TurnRecord], y: np.ndarray) -> float:
+        """Backward of this batch's mean loss, micro-batch by micro-batch; returns it. Pointwise log-loss here (label
+        smoothing for a single logit: targets 1 -> 1 - eps/2, 0 -> eps/2); a family with another loss overrides this."""
+        feats = self.encode(items)
+        targets = torch.tensor(y, dtype=torch.float32) * (1.0 - self.cfg.label_smoothing) + 0.5 * self.cfg.label_smoothing
+        total = 0.0
+        for start in range(0, len(feats), self.cfg.batch_size):
+            sl = slice(start, start + self.cfg.batch_size)
+            logits = self._logits(self._collate(feats[sl]))
+            t = targets[sl].to(self.device)
+            loss = F.binary_cross_entropy_with_logits(logits, t, reduction="sum") / len(feats)
+            loss.backward()
+            total += float(loss.detach())
+        return total
+
+    def _epoch_batches(self, items: Sequence[TurnRecord], y: np.ndarray) -> list[np.ndarray]:
+        """One epoch's minibatches of item indices: shuffled by (seed, epochs done), `batch_size` each."""
+        order = np.random.default_rng([self.cfg.seed, self.epochs_done]).permutation(len(items))
+        return [order[s:s + self.cfg.batch_size] for s in range(0, len(order), self.cfg.batch_size)]
 
     def fit(
         self, items: Sequence[TurnRecord], labels, epochs: int | None = None, calibrate: bool = True
@@ -283,9 +265,7 @@ class NeuralDetector:
         n_epochs = self.cfg.epochs if epochs is None else int(epochs)
         self.history: list[float] = []
         for _ in range(n_epochs):
-            order = np.random.default_rng([self.cfg.seed, self.epochs_done]).permutation(len(items))
-            for start in range(0, len(order), self.cfg.batch_size):
-                idx = order[start:start + self.cfg.batch_size]
+            for idx in self._epoch_batches(items, y):
                 self.history.append(self.update([items[i] for i in idx], y[idx]))
             self.epochs_done += 1
         if calibrate and len(np.unique(y)) == 2:

@@ -64,15 +64,14 @@ def test_identical_turns_give_the_bradley_terry_loss_log_2_and_every_parameter_m
 
 
 def test_the_judge_learns_which_of_two_turns_a_person_wrote_on_unseen_contexts():
-    from discriminator.lm_judge import LMJudge, paired_judge_accuracy
+    from discriminator.lm_judge import LMJudge
 
     j = LMJudge(**{**SMALL, "lr": 2e-3, "head_lr": 1e-2})
     train, y = pairs(24)
     j.fit(train, y, epochs=4)
     assert j.history[-1] < j.history[0]
     test, _ = pairs(10, start=100)
-    assert paired_judge_accuracy(j, test[0::2], test[1::2]) == 100.0
-    assert (j.pair_log_odds(test[0::2], test[1::2]) > 0).all()
+    assert (j.pair_log_odds(test[0::2], test[1::2]) > 0).all()  # every unseen pair: the real turn picked
 
 
 def test_a_saved_judge_loads_as_a_judge_with_the_same_scores(tmp_path):
