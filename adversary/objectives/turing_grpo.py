@@ -42,8 +42,6 @@ def recipe_problems(cfg: AdversaryConfig, args) -> list[str]:
 
 @register("turing_grpo")
 class TuringGRPO(GRPO):
-    owns = GRPO.owns
-
     @classmethod
     def check_config(cls, cfg: AdversaryConfig, args) -> None:
         from conversations.config import ConfigError
