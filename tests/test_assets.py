@@ -143,3 +143,30 @@ def test_before_another_trainer_clears_only_a_deepspeed_accelerator_state():
         AcceleratorState._shared_state.update(saved)
         PartialState._shared_state.clear()
         PartialState._shared_state.update(saved_partial)
+
+
+def test_tiny_gemma3_renders_gemma_turns_and_its_engine_stops_on_end_of_turn():
+    """The second model family: Gemma's turn format from the asset's template, and `<end_of_turn>` (the turn end the
+    template writes) is a stop token, so a sampled turn ends where the template's turns end."""
+    from generator.engine import Engine
+    from generator.engine.settings import SamplingSettings, stop_token_ids
+    from generator.model import load_generator
+
+    model, tok = load_generator("tiny-random-gemma3")
+    assert type(model).__name__ == "Gemma3ForCausalLM"
+    text = tok.apply_chat_template([{"role": "system", "content": "Be terse."}, {"role": "user", "content": "hi"},
+                                    {"role": "assistant", "content": "ok"}], tokenize=False, add_generation_prompt=True)
+    assert text == ("<bos><start_of_turn>user\nBe terse.\n\nhi<end_of_turn>\n<start_of_turn>model\nok<end_of_turn>\n"
+                    "<start_of_turn>model\n")
+    end = tok.convert_tokens_to_ids("<end_of_turn>")
+    assert tok.eos_token_id == end and end in stop_token_ids(tok, model)
+    word = tok("ok", add_special_tokens=False)["input_ids"][0]
+    head = torch.nn.Linear(model.config.hidden_size, len(tok), bias=True)  # <end_of_turn> the likeliest, then "ok"
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.zero_()
+        head.bias[end], head.bias[word] = 10.0, 5.0
+    model.lm_head = head
+    # the first token cannot stop (min_new_tokens 1), the second does
+    out = Engine(model, tok).complete_texts([text], SamplingSettings(max_new_tokens=5, temperature=0))[0]
+    assert out.ids == [word, end] and out.stopped and out.stop_id == end and out.text == "ok"
