@@ -326,7 +326,11 @@ class StageTimer:
 
 
 def _ci_text(x: dict | None) -> str:
-    return "-" if not x else f"{x['td']:.1f} ({x['td_ci95'][0]:.1f}-{x['td_ci95'][1]:.1f})"
+    """'td (low-high)' of a level, its conversation td after a slash where read."""
+    if not x:
+        return "-"
+    conv = f" / conv {x['conv_td']:.1f} ({x['conv_td_ci95'][0]:.1f}-{x['conv_td_ci95'][1]:.1f})" if "conv_td" in x else ""
+    return f"{x['td']:.1f} ({x['td_ci95'][0]:.1f}-{x['td_ci95'][1]:.1f}){conv}"
 
 
 def write_summary(out: Path, state, base: dict | None, frozen: Path, t_start: float, timer: StageTimer | None = None,
@@ -353,6 +357,9 @@ def write_summary(out: Path, state, base: dict | None, frozen: Path, t_start: fl
         summary["simulators"] = levels
         summary["shipped_td"] = levels["shipped"]["td"]
         summary["shipped_td_ci95"] = levels["shipped"]["td_ci95"]
+        if "conv_td" in levels["shipped"]:
+            summary["shipped_conv_td"] = levels["shipped"]["conv_td"]
+            summary["shipped_conv_td_ci95"] = levels["shipped"]["conv_td_ci95"]
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     if levels:
         k = levels["shipped"].get("guidance", 1)

@@ -169,3 +169,27 @@ def test_the_run_reads_what_it_ships_and_writes_its_realism_report(smoke_run):
                        text=True)
     assert v.returncode == 0 and "How human it reads" in v.stdout
     assert "None" not in (out / "curves.csv").read_text().splitlines()[0]
+
+
+def test_the_main_job_runs_on_the_second_model_family(tmp_path):
+    """Any causal LM: the smoke job end to end on a tiny random Gemma 3 (the architecture, tokenizer and turn format of
+    the `gemma3-270m` asset), and its export writes a user turn in Gemma's format."""
+    out = tmp_path / "gemma"
+    r = launch(out, "--model", "tiny-random-gemma3", "--max_steps", "2")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "done: td (95% CI) base " in r.stdout and "None" not in r.stdout.splitlines()[-1]
+    frozen = out / "frozen"
+    assert json.loads((frozen / "config.json").read_text())["model_type"] == "gemma3_text"
+    assert "<start_of_turn>" in (frozen / "chat_template.jinja").read_text()
+    assert "shipped_td" in json.loads((out / "summary.json").read_text()) and (frozen / "README.md").exists()
+    from agent_rl.gyms import get_gym
+    from agent_rl.gyms.base import UserRequest
+    from agent_rl.users import load_simulator
+
+    gym = get_gym("intention")
+    task = gym.tasks("train")[0]
+    request = UserRequest(context=[{"role": "user", "content": task.opening},
+                                   {"role": "assistant", "content": "What is your budget?"}],
+                          goal=gym.user_goal(task), gym="intention", task=task)
+    turns = load_simulator(f"frozen:{frozen}#guidance=1").reply([request] * 4)
+    assert len(turns) == 4 and not any(m in t for t in turns for m in ("<start_of_turn>", "<end_of_turn>", "<bos>"))

@@ -95,6 +95,12 @@ def test_the_main_job_reads_both_levels_and_the_export_records_them(tmp_path):
     # the calibrated end decision: an offset solved at every reading, the best reading's in the export's settings
     assert all(-20 <= r["conv/end_bias"] <= 20 for r in rows)
     assert manifest["sampling"]["end_bias"] == best_row["conv/end_bias"]
+    # the shipped export read at both levels too, beside the others in summary.json, the card and the last line
+    summary = json.loads((out / "summary.json").read_text())
+    shipped = summary["simulators"]["shipped"]
+    assert 0 <= summary["shipped_conv_td"] <= 50 and shipped["conv_td"] == summary["shipped_conv_td"]
+    row = next(line for line in (out / "frozen" / "README.md").read_text().splitlines() if line.startswith("| **shipped export**"))
+    assert f"{shipped['conv_td']:.1f} [" in row and f"{shipped['td']:.1f} [" in row
 
 
 @pytest.mark.parametrize("when", ["first_and_best", "best"])

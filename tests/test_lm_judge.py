@@ -143,3 +143,31 @@ def test_turing_grpo_runs_end_to_end_against_a_judge_and_exports(tmp_path):
     assert manifest["config"]["adversary"]["discriminator"]["disc_family"] == "lmjudge"
     saved = json.loads((out / "summary.json").read_text())
     assert 0 <= saved["best_td"] <= 50
+
+
+def test_guide_study_writes_two_exports_that_differ_only_in_their_guide(tmp_path, tiny_lm_path):
+    """adversary.guide_study: the n-gram guide and the judge's guide, both calibrated on pairs neither saw, each in
+    an export of the same weights that loads with its own guide family."""
+    from adversary.guide_study import main
+    from agent_rl.users import load_simulator
+    from conversations import write_jsonl
+    from discriminator.lm_judge import LMJudge
+
+    items, y = pairs(40)
+    write_jsonl(tmp_path / "real.jsonl", [it for it, lab in zip(items, y) if lab == 1])
+    write_jsonl(tmp_path / "sim.jsonl", [it for it, lab in zip(items, y) if lab == 0])
+    judge = LMJudge(**SMALL)
+    judge.fit(items[:40], y[:40], calibrate=False)
+    judge.save(tmp_path / "judge")
+    out = tmp_path / "guides"
+    assert main(["--model", tiny_lm_path, "--judge", str(tmp_path / "judge"), "--train-real", str(tmp_path / "real.jsonl"),
+                 "--train-sim", str(tmp_path / "sim.jsonl"), "--out", str(out), "--fit-pairs", "20",
+                 "--calib-pairs", "20", "--max-new-tokens", "4"]) == 0
+    doc = json.loads((out / "guide_study.json").read_text())
+    assert set(doc["guides"]) == {"classical", "lmjudge"}
+    assert doc["guides"]["classical"]["paired_accuracy"] == 100.0  # "ok thx" against a polite paragraph
+    weights = {name: (out / name / "model.safetensors").read_bytes() for name in ("classical", "lmjudge")}
+    assert weights["classical"] == weights["lmjudge"]
+    judged = load_simulator(f"frozen:{out / 'lmjudge'}")
+    assert type(judged.guide.disc.neural).__name__ == "LMJudge" and judged.guide.k == 4
+    assert load_simulator(f"frozen:{out / 'classical'}").guide.disc.neural is None
