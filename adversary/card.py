@@ -3,8 +3,8 @@
 - `shipped_reading`: after the export, the meter reads the export itself (loaded from its folder, hashes checked, at
   the sampling settings it records, its guide on when it carries one) on the run's held-out contexts, one reading
   per `export_report_seeds` sampling seed (the meter's seeds; the mean is the reading), with the curve's panel;
-  where the run reads conversations (`conv_contexts`), the export's conversations too (the first meter seed, its
-  guide choosing every user turn, its recorded end offset).
+  where the run reads conversations (`conv_contexts`) and `export_report_conversations` is on, the export's
+  conversations too (the first meter seed, its guide choosing every user turn, its recorded end offset).
 - `write_card`: `README.md` in the export, a Hugging Face model card: the metadata header, what the simulator is for
   and not for, how to load, serve and chat with it and turn its guide on and off, the data and base model; the td
   table (base model, warm start, best checkpoint, shipped export: each with its CI, turn and conversation level where
@@ -50,7 +50,7 @@ def shipped_reading(cfg: AdversaryConfig, frozen: Path, data) -> tuple[dict, lis
         first = first if first is not None else sims
         rows.append(measure_heldout(data.heldout, sims, cfg))
     row = mean_rows(rows)
-    convs = getattr(data, "heldout_convs", None)
+    convs = getattr(data, "heldout_convs", None) if cfg.export_report_conversations else None
     if convs:  # the conversation level, as the curve reads it: the first meter seed, the export's own settings
         from adversary.conversation_meter import measure_conversations, simulate_heldout_conversations
 

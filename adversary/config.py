@@ -364,10 +364,10 @@ class ExportArgs(ConfigPart):
                 "median) or argmax."})
     export_report_seeds: int = field(default=1, metadata={"help": "Sampling seeds of the shipped export's reading "
         "(the meter's seeds 0..n-1; a guided export samples K turns a context for each)."})
-    export_report: bool = field(default=True, metadata={
-        "help": "After the export: read it as its users get it (its guide and recorded sampling) on the held-out "
-                "contexts, draw it on the curve, and write its realism report into it (README.md, a model card: "
-                "adversary.card)."})
+    export_report: bool = field(default=True, metadata={"help": "After the export: read it as its users get it (its "
+        "guide, its sampling) on the held-out contexts, draw it on the curve, write its report (README.md: adversary.card)."})
+    export_report_conversations: bool = field(default=True, metadata={"help": "The shipped reading at the conversation "
+        "level too, where the run reads conversations (conv_contexts): a guided export samples K turns a user turn."})
 
     def _checks(self) -> list:
         return [(self.export_guide_rule in ("resample", "argmax"), "export_guide_rule",
