@@ -226,9 +226,10 @@ def card_text(manifest: dict, report: dict) -> str:
               "| the assistant said (end) | the real user | this simulator |", "|---|---|---|"]
     for ex in report["examples"]:
         lines.append(f"| {_quote(ex['context_last'], 120)} | {_quote(ex['real'])} | {_quote(ex['simulated'])} |")
-    lines += ["", f"Gate: {manifest.get('gate', {}).get('reason', '?')}; best td {manifest.get('best_td', '?')} "
-              f"at step {manifest.get('best_step', '?')}. The full config, the curve and every file's hash are in "
-              "`simulator.json`.", ""]
+    best = manifest.get("best") or {}
+    best_td = f"{best['td']:.1f}" if isinstance(best.get("td"), (int, float)) else "?"
+    lines += ["", f"Gate: {manifest.get('gate', {}).get('reason', '?')}; best td {best_td} at step "
+              f"{best.get('step', '?')}. The full config, the curve and every file's hash are in `simulator.json`.", ""]
     return "\n".join(lines)
 
 

@@ -173,7 +173,8 @@ def heldout_perplexity(
                 K = int(cmask.sum(-1).max().item()) + 1
                 K = min(K, T)
                 try:
-                    out = model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids, logits_to_keep=K)
+                    out = model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids,  # an index:
+                                logits_to_keep=torch.arange(T - K, T, device=device))  # see generator.ending
                 except TypeError:  # a model class without logits_to_keep
                     out = model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids)
                 logits = out.logits[:, -K:-1].float()  # (B, K-1, V): predicts tokens T-K+1 .. T-1

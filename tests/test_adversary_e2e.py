@@ -161,6 +161,8 @@ def test_the_run_reads_what_it_ships_and_writes_its_realism_report(smoke_run):
     assert card.startswith("---\nlibrary_name: transformers")
     assert "**shipped export** (guide K=3)" in card and "## Its tells" in card
     assert card.count("\n| ") >= 10 + 4 + 5  # ten turns beside the real ones, four simulators, the tells
+    best = json.loads((out / "frozen" / "simulator.json").read_text())["best"]
+    assert f"best td {best['td']:.1f} at step {best['step']}." in card and "?" not in card.splitlines()[-1]
     assert (out / "frozen" / "lengths.png").stat().st_size > 5000
     # the report is part of the export: hashed, so verify still passes and a change to it is caught
     manifest = json.loads((out / "frozen" / "simulator.json").read_text())
