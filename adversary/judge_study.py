@@ -1,13 +1,17 @@
 """Is the language-model judge stronger than the co-trained ensemble? Both read on the same fresh held-out pairs.
 
     python -m adversary.judge_study --train-real R --train-sim S --test-real R2 --test-sim S2 --out OUT \
-        [--pairs 2000] [--readings 250 500 1000 2000] [--ensemble-items 128]
+        [--pairs 2000] [--readings 250 500 1000 2000] [--ensemble-items 128] [--judge J]
 
 R/S: real turns and the warm start's own turns for the same TRAIN contexts (turn records; a simulated id is the real
 id plus "@..."; `generator.simulate --real_out` writes both). R2/S2: the same for TEST contexts, which neither judge
-sees while it learns. Three judges:
+sees while it learns. The judges:
 - `lmjudge`: `discriminator.lm_judge.LMJudge` (SmolLM2-135M + its own LoRA and head, Bradley-Terry on the pairs),
-  read on the test pairs after each of `readings` train pairs (its learning curve), then calibrated;
+  read on the test pairs after each of `readings` train pairs (its learning curve), then calibrated; with `--judge J`
+  a judge an earlier run fitted on these pairs (J = that run's OUT/lmjudge) is read instead of fitted again;
+- `ngram/same`: the char/word n-gram classifier (`discriminator.classical`) fitted on the same pairs;
+- `judge+ngram`: the two above averaged in log-odds (the main job's discriminator with `disc_family: lmjudge` and
+  `disc_weights: [1, 1]`), from the members' own test scores;
 - `ensemble/demo`: the main job's discriminator as `make demo` fits it (MiniLM + char n-grams, `ensemble_items`
   real and simulated turns, 2 epochs);
 - `ensemble/same`: the same ensemble fitted on the judge's `pairs` pairs (what more data alone buys it).
@@ -43,14 +47,19 @@ def pairs_of(real_path: str, sim_path: str, limit: int | None = None):
 
 
 def reading(det, real, sim) -> dict:
+    """`det` read on the test pairs: one scoring pass over the real turns, then their simulated partners."""
+    return reading_of_scores(np.asarray(det.score([*real, *sim]), dtype=np.float64), len(real))
+
+
+def reading_of_scores(s: np.ndarray, n: int) -> dict:
+    """Every figure of a reading from its scores [2n]: the n real turns, then their n simulated partners."""
     from discriminator.turing import accuracy, roc_auc
 
-    s = np.asarray(det.score([*real, *sim]), dtype=np.float64)  # one pass: every figure below reads these scores
-    y = np.array([1] * len(real) + [0] * len(sim))
-    d = s[:len(real)] - s[len(real):]
+    y = np.array([1] * n + [0] * n)
+    d = s[:n] - s[n:]
     return {"paired_accuracy": 100.0 * float(np.mean((d > 0) + 0.5 * (d == 0))), "accuracy": accuracy(s, y),
-            "auc": roc_auc(s, y), "n_pairs": len(real), "pair_log_odds_mean": float(d.mean()),
-            "paired_correct": [bool(x) for x in d > 0]}
+            "auc": roc_auc(s, y), "n_pairs": n, "pair_log_odds_mean": float(d.mean()),
+            "paired_correct": [bool(x) for x in d > 0], "scores": [round(float(x), 5) for x in s]}
 
 
 def build_parser():
@@ -66,7 +75,8 @@ def build_parser():
     p.add_argument("--test-pairs", type=int, default=800)
     p.add_argument("--ensemble-items", type=int, default=128, help="the demo ensemble's real (and simulated) turns")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--skip", nargs="*", default=[], choices=["lmjudge", "ensemble/demo", "ensemble/same"])
+    p.add_argument("--judge", default="", help="a judge an earlier run fitted on these train pairs: read, not fitted")
+    p.add_argument("--skip", nargs="*", default=[], choices=["lmjudge", "ngram/same", "ensemble/demo", "ensemble/same"])
     return p
 
 
@@ -91,6 +101,16 @@ def main(argv=None) -> int:
     print(f"{len(tr_real)} train pairs, {len(te_real)} test pairs", flush=True)
     parts = doc["parts"]
 
+    if "lmjudge" not in parts and "lmjudge" not in args.skip and args.judge:
+        from discriminator.lm_judge import LMJudge
+
+        judge = LMJudge.load(args.judge)
+        prior = Path(args.judge).parent / "judge_study.json"  # the run that fitted it, for its fit seconds
+        fitted = json.loads(prior.read_text())["parts"].get("lmjudge", {}) if prior.exists() else {}
+        parts["lmjudge"] = {**reading(judge, te_real, te_sim), "loaded_from": str(args.judge),
+                            "curve": fitted.get("curve", []), "fit_seconds": fitted.get("fit_seconds"),
+                            "config": judge.config()}
+        save()
     if "lmjudge" not in parts and "lmjudge" not in args.skip:
         from discriminator.lm_judge import LMJudge
 
@@ -115,6 +135,21 @@ def main(argv=None) -> int:
                             "seconds": round(time.perf_counter() - t0, 1), "config": judge.config()}
         save()
 
+    if "ngram/same" not in parts and "ngram/same" not in args.skip:
+        from discriminator.classical import ClassicalDetector
+
+        t0 = time.perf_counter()
+        ngram = ClassicalDetector(seed=args.seed).fit([*tr_real, *tr_sim], np.array([1] * len(tr_real) + [0] * len(tr_sim)))
+        parts["ngram/same"] = {**reading(ngram, te_real, te_sim), "train_pairs": len(tr_real),
+                               "fit_seconds": round(time.perf_counter() - t0, 1)}
+        save()
+    if "lmjudge" in parts and "ngram/same" in parts:
+        # the Discriminator's weighted mean of log-odds with weights (1, 1), from the members' scores
+        s = (np.array(parts["lmjudge"]["scores"]) + np.array(parts["ngram/same"]["scores"])) / 2
+        parts["judge+ngram"] = {**reading_of_scores(s, len(te_real)), "train_pairs": len(tr_real),
+                                "fit_seconds": (parts["lmjudge"]["fit_seconds"] or 0) + parts["ngram/same"]["fit_seconds"]}
+        save()
+
     from adversary.discriminator import Discriminator
     from discriminator.neural import NeuralDetector
 
@@ -131,24 +166,27 @@ def main(argv=None) -> int:
         parts[name] = {**reading(disc, te_real, te_sim), "train_pairs": n, "fit_seconds": round(fit_s, 1)}
         for member, det in (("neural", disc.neural), ("classical", disc.classical)):
             parts[name][f"member/{member}"] = {k: v for k, v in reading(det, te_real, te_sim).items()
-                                               if k != "paired_correct"}
+                                               if k not in ("paired_correct", "scores")}
         print(f"{name} ({n} pairs): paired {parts[name]['paired_accuracy']:.1f}, AUC {parts[name]['auc']:.3f}",
               flush=True)
         save()
 
-    if "lmjudge" in parts and "ensemble/demo" in parts:
-        from discriminator.turing import bootstrap_accuracies
+    from discriminator.turing import bootstrap_accuracies
 
-        a = np.array(parts["lmjudge"]["paired_correct"], dtype=float)
-        b = np.array(parts["ensemble/demo"]["paired_correct"], dtype=float)
-        diffs = bootstrap_accuracies(np.stack([a, b]), None, 2000, args.seed)  # (n_boot, 2), same resamples
-        d = diffs[:, 0] - diffs[:, 1]
-        doc["lmjudge_minus_ensemble_demo"] = {"value": float(100 * (a.mean() - b.mean())),
-                                              "ci95": [float(np.percentile(d, 2.5)), float(np.percentile(d, 97.5))]}
+    for a_name, b_name in (("lmjudge", "ensemble/demo"), ("lmjudge", "ensemble/same"), ("lmjudge", "ngram/same"),
+                           ("judge+ngram", "ensemble/same"), ("judge+ngram", "ensemble/demo")):
+        if a_name in parts and b_name in parts:  # paired over the same test pairs, on the same resamples
+            a = np.array(parts[a_name]["paired_correct"], dtype=float)
+            b = np.array(parts[b_name]["paired_correct"], dtype=float)
+            diffs = bootstrap_accuracies(np.stack([a, b]), None, 2000, args.seed)  # (n_boot, 2)
+            d = diffs[:, 0] - diffs[:, 1]
+            doc[f"{a_name}_minus_{b_name}".replace("/", "_").replace("+", "_")] = {
+                "value": float(100 * (a.mean() - b.mean())),
+                "ci95": [float(np.percentile(d, 2.5)), float(np.percentile(d, 97.5))]}
     save()
     for k, v in parts.items():
         print(f"{k:<14} paired {v['paired_accuracy']:.1f}  pointwise {v['accuracy']:.1f}  AUC {v['auc']:.3f}  "
-              f"fit {v['fit_seconds']} s")
+              f"fit {v.get('fit_seconds')} s")
     print(f"report: {path}")
     return 0
 

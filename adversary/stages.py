@@ -194,12 +194,15 @@ def fit_discriminator(cfg: AdversaryConfig, disc, model, tokenizer, data: RunDat
     from generator.sample import simulate_records
 
     t0 = time.perf_counter()
-    if cfg.judge_init and cfg.disc_family == "lmjudge" and disc.neural is not None:
+    judge_loaded = bool(cfg.judge_init and cfg.disc_family == "lmjudge" and disc.neural is not None)
+    if judge_loaded:
         disc.neural.load(cfg.judge_init)  # warmed up elsewhere on this warm start's turns: no fit here
         from accelerate import PartialState
 
         PartialState().print(f"discriminator: the judge of {cfg.judge_init} (step {disc.neural.step})", flush=True)
-        return {"disc/init_items": 0, "disc/init_train_acc": float("nan"), "disc/init_seconds": time.perf_counter() - t0}
+        if not disc.use_classical:  # nothing else to fit: the n-gram member is what the turns below would feed
+            return {"disc/init_items": 0, "disc/init_train_acc": float("nan"),
+                    "disc/init_seconds": time.perf_counter() - t0}
     contexts = data.disc_fit
     with policy_engine(model, tokenizer, precision=cfg.dtype, batch_size=cfg.sim_batch_size) as engine:
         sims = simulate_records(engine, contexts, heldout_settings(cfg), seed=seed_for("fit_samples", seed))
@@ -212,7 +215,10 @@ def fit_discriminator(cfg: AdversaryConfig, disc, model, tokenizer, data: RunDat
              for r in contexts]
     items = reals + sims
     labels = np.asarray([1] * len(contexts) + [0] * len(sims))
-    disc.fit(items, labels, epochs=cfg.disc_epochs)
+    if judge_loaded:
+        disc.observe(items, labels)  # the judge came warmed up: only the n-gram member learns these turns
+    else:
+        disc.fit(items, labels, epochs=cfg.disc_epochs)
     from sklearn.metrics import accuracy_score
 
     acc = float(accuracy_score(labels, (disc.score(items) > 0).astype(int)))

@@ -170,7 +170,12 @@ def arm_config(cfg: AdversaryConfig, args, overrides: dict[str, str]):
         tp = typing.get_type_hints(type(target)).get(k) or type(getattr(target, k))
         args_ = [a for a in typing.get_args(tp) if a is not type(None)]
         tp = args_[0] if args_ and typing.get_origin(tp) is not list else tp
-        cast = {int: int, float: float, bool: lambda x: x.lower() in ("1", "true", "yes")}.get(tp, str)
+        scalar = {int: int, float: float, bool: lambda x: x.lower() in ("1", "true", "yes")}
+        if typing.get_origin(tp) is list:  # a list's items are separated by spaces (commas separate overrides)
+            item = scalar.get((typing.get_args(tp) or (str,))[0], str)
+            cast = lambda x, item=item: [item(e) for e in x.split()]  # noqa: E731
+        else:
+            cast = scalar.get(tp, str)
         try:
             setattr(target, k, cast(v))
         except ValueError:

@@ -171,3 +171,62 @@ def test_guide_study_writes_two_exports_that_differ_only_in_their_guide(tmp_path
     judged = load_simulator(f"frozen:{out / 'lmjudge'}")
     assert type(judged.guide.disc.neural).__name__ == "LMJudge" and judged.guide.k == 4
     assert load_simulator(f"frozen:{out / 'classical'}").guide.disc.neural is None
+
+
+def test_a_loaded_judge_keeps_its_weights_and_the_ngram_member_learns_the_warm_starts_turns(tmp_path):
+    """judge_init with disc_weights [1, 1]: the judge comes warmed up (not fitted again), and the n-gram member is
+    fitted on the warm start's own turns for the fit contexts, so the ensemble scores with both members."""
+    from adversary.stages import fit_discriminator, make_discriminator, prepare_data
+    from adversary.train import parse_args
+    from discriminator.lm_judge import LMJudge
+    from generator.model import load_generator
+
+    judge = LMJudge(**SMALL)
+    judge.fit(*pairs(8), calibrate=False)
+    judge.save(tmp_path / "judge")
+    cfg, args = parse_args(["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--disc_family", "lmjudge",
+                            "--disc_weights", "1.0", "1.0", "--judge_init", str(tmp_path / "judge"),
+                            "--disc_max_length", "64", "--disc_context_tokens", "24"])
+    data = prepare_data(cfg, args.seed)
+    model, tok = load_generator(cfg.model)
+    disc = make_discriminator(cfg, args.seed)
+    fit = fit_discriminator(cfg, disc, model, tok, data, args.seed)
+    assert fit["disc/init_items"] == 2 * len(data.disc_fit) > 0
+    assert disc.classical is not None and len(disc.pool) == fit["disc/init_items"]
+    for name, p in judge.trainable_parameters().items():
+        torch.testing.assert_close(disc.neural.trainable_parameters()[name], p)
+    assert set(disc.member_scores(data.disc_fit[:4])) == {"neural", "classical"}
+
+
+def test_judge_study_reads_a_loaded_judge_the_ngram_classifier_and_their_average_on_the_same_pairs(tmp_path):
+    from adversary.judge_study import main
+    from conversations import write_jsonl
+    from discriminator.lm_judge import LMJudge
+
+    items, y = pairs(40)
+    real, sim = [it for it, lab in zip(items, y) if lab == 1], [it for it, lab in zip(items, y) if lab == 0]
+    write_jsonl(tmp_path / "real.jsonl", real[:30])
+    write_jsonl(tmp_path / "sim.jsonl", sim[:30])
+    write_jsonl(tmp_path / "real_test.jsonl", real[30:])
+    write_jsonl(tmp_path / "sim_test.jsonl", sim[30:])
+    judge = LMJudge(**SMALL)
+    judge.fit(items[:20], y[:20], calibrate=False)
+    judge.save(tmp_path / "judge")
+    out = tmp_path / "study"
+    argv = ["--train-real", str(tmp_path / "real.jsonl"), "--train-sim", str(tmp_path / "sim.jsonl"),
+            "--test-real", str(tmp_path / "real_test.jsonl"), "--test-sim", str(tmp_path / "sim_test.jsonl"),
+            "--out", str(out), "--pairs", "30", "--judge", str(tmp_path / "judge"),
+            "--skip", "ensemble/demo", "ensemble/same"]
+    assert main(argv) == 0
+    doc = json.loads((out / "judge_study.json").read_text())
+    parts = doc["parts"]
+    assert set(parts) == {"lmjudge", "ngram/same", "judge+ngram"}
+    assert parts["lmjudge"]["loaded_from"] == str(tmp_path / "judge") and parts["lmjudge"]["n_pairs"] == 10
+    assert parts["ngram/same"]["paired_accuracy"] == 100.0  # "ok thx" against a polite paragraph
+    mean = (np.array(parts["lmjudge"]["scores"]) + np.array(parts["ngram/same"]["scores"])) / 2
+    np.testing.assert_allclose(parts["judge+ngram"]["scores"], mean, atol=1e-4)
+    d = mean[:10] - mean[10:]
+    assert parts["judge+ngram"]["paired_accuracy"] == pytest.approx(100 * np.mean((d > 0) + 0.5 * (d == 0)))
+    assert "judge_ngram_minus_ensemble_same" not in doc  # its partner was skipped
+    assert main(argv) == 0  # a second run resumes: nothing is read again
+    assert json.loads((out / "judge_study.json").read_text())["parts"]["lmjudge"] == parts["lmjudge"]

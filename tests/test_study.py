@@ -56,6 +56,11 @@ def test_arm_specs_parse_and_override_typed_fields():
 
     cfg, args = arm_config(AdversaryConfig(), Args(), {"dpo_beta": "0.2", "round_samples": "6", "learning_rate": "5e-5"})
     assert cfg.dpo_beta == 0.2 and cfg.round_samples == 6 and args.learning_rate == 5e-5
+    # a list field: its items separated by spaces, each of the list's item type
+    cfg, _ = arm_config(AdversaryConfig(), Args(), dict(parse_arm("ng:disc_weights=1.0 0.5,d_steps=2")[1]))
+    assert cfg.disc_weights == [1.0, 0.5] and cfg.d_steps == 2
+    with pytest.raises(ConfigError, match="disc_weights"):
+        arm_config(AdversaryConfig(), Args(), {"disc_weights": "1.0 x"})
     for bad in ({"nope": "1"}, {"objective": "ppo"}):
         with pytest.raises(ConfigError):
             arm_config(AdversaryConfig(), Args(), bad)
