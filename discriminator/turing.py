@@ -28,6 +28,10 @@ MIN_ITEMS = 20
 DEFAULT_PANEL = ("classical", "style", "neural", "lmjudge")
 OLD_PANEL = ("classical", "style", "neural", "embed")  # the families that read td before the judge
 FAST_PANEL = ("classical", "style")
+# with both `lmjudge` and `classical` in a panel, the meter also reads their mean in log-odds (no fit of its own):
+# the judge as the main job uses it beside its n-gram member (`disc_family: lmjudge`, `disc_weights: [1, 1]`), which
+# reads same-context pairs better than either alone (docs/studies/lm-judge.md)
+JUDGE_NGRAM = "judge+ngram"
 # the neural detector inside the meter: short inputs and a higher learning rate so that a 5-fold fit on 2 x 1,000
 # turns stays within minutes on CPU; callers override through `neural_kwargs`
 NEURAL_PANEL_DEFAULTS = {"max_length": 128, "context_tokens": 48, "lr": 5e-5, "batch_size": 16, "epochs": 1}
@@ -307,7 +311,8 @@ def measure_td(
     `accuracy`, `auc`, `paired_accuracy` (of the headline detector; None without shared contexts), `n_real`,
     `n_simulated`, `headline_detector`, and `detectors: {name: {accuracy, auc, td, td_ci95,
     signed, paired_accuracy, fit_seconds, score_seconds}}`, plus `warnings` (list of str). With `return_scores`, also
-    the out-of-fold log-odds, labels, fold and group ids under `oof`."""
+    the out-of-fold log-odds, labels, fold and group ids under `oof`. A panel with `lmjudge` and `classical` also
+    reports `judge+ngram`, their mean (it joins the maximum)."""
     real_items, sim_items = list(real_items), list(sim_items)
     for side, xs in (("real", real_items), ("simulated", sim_items)):
         if len(xs) < min_items:
@@ -338,6 +343,12 @@ def measure_td(
         kw = _detector_kwargs(name, seed, neural_kwargs, detector_kwargs)
         oof[d], seconds = cross_fit(name, kw, items, y, fold_of, folds, progress)
         per[name] = {**detector_report(oof[d], y, items, groups, n_boot, seed), **seconds}
+    if "lmjudge" in detectors and "classical" in detectors:
+        mix = oof[[detectors.index("lmjudge"), detectors.index("classical")]].mean(axis=0)  # [n]
+        detectors.append(JUDGE_NGRAM)
+        oof = np.vstack([oof, mix[None]])
+        per[JUDGE_NGRAM] = {**detector_report(mix, y, items, groups, n_boot, seed), "fit_seconds": 0.0,
+                            "score_seconds": 0.0}
     # headline: the strictest judge; ties go to the first in panel order
     tds = [per[n]["td"] for n in detectors]
     head = detectors[int(np.argmax(tds))]

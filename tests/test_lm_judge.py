@@ -95,8 +95,12 @@ def test_the_meter_reads_the_judge_in_its_panel_and_keeps_the_old_panel_beside_i
         real.append(TurnRecord(id=f"c{i}", context=ctx(i), user_turn=f"ok {i} thx"))
         sim.append(TurnRecord(id=f"c{i}@sim", context=ctx(i), user_turn=f"Certainly! Here is item {i}."))
     r = measure_td(real, sim, detectors=("classical", "lmjudge"), folds=3, n_boot=100,
-                   detector_kwargs={"lmjudge": SMALL})
-    assert set(r["detectors"]) == {"classical", "lmjudge"}
+                   detector_kwargs={"lmjudge": SMALL}, return_scores=True)
+    # the judge beside its n-gram member: their mean log-odds, read with no fit of its own
+    assert list(r["detectors"]) == ["classical", "lmjudge", "judge+ngram"]
+    scores = r["oof"]["scores"]
+    np.testing.assert_allclose(scores["judge+ngram"], (scores["lmjudge"] + scores["classical"]) / 2)
+    assert r["detectors"]["judge+ngram"]["fit_seconds"] == 0.0
     assert r["old_panel"]["detectors"] == ["classical"]
     assert r["old_panel"]["td"] == r["detectors"]["classical"]["td"]
     assert r["td"] == max(d["td"] for d in r["detectors"].values())
