@@ -164,7 +164,7 @@ class DiscriminatorArgs(ConfigPart):
         "`discriminator`) or lmjudge (discriminator.lm_judge: a causal LM, its own LoRA and head, Bradley-Terry on pairs)."})
     judge_backbone: str = field(default="", metadata={"help": "lmjudge: its causal LM ('' = the generator's `model`)."})
     judge_init: str = field(default="", metadata={"help": "lmjudge: a judge LMJudge.save wrote (adversary.judge_study's "
-        "OUT/lmjudge, fitted on this warm start's turns) to start from instead of the initial fit ('' = fit here)."})
+        "OUT/lmjudge, fitted on this warm start's turns) instead of fitting it here; an n-gram member is still fitted ('' = fit here)."})
     disc_init_items: int = field(default=192, metadata={"help": "Real and simulated turns (each) for the initial discriminator fit."})
     disc_epochs: int = field(default=2, metadata={"help": "Epochs of the initial fit."})
     disc_lr: float = field(default=3e-5, metadata={"help": "Discriminator learning rate."})

@@ -144,9 +144,11 @@ def main(argv=None) -> int:
                                "fit_seconds": round(time.perf_counter() - t0, 1)}
         save()
     if "lmjudge" in parts and "ngram/same" in parts:
+        from discriminator.turing import JUDGE_NGRAM
+
         # the Discriminator's weighted mean of log-odds with weights (1, 1), from the members' scores
         s = (np.array(parts["lmjudge"]["scores"]) + np.array(parts["ngram/same"]["scores"])) / 2
-        parts["judge+ngram"] = {**reading_of_scores(s, len(te_real)), "train_pairs": len(tr_real),
+        parts[JUDGE_NGRAM] = {**reading_of_scores(s, len(te_real)), "train_pairs": len(tr_real),
                                 "fit_seconds": (parts["lmjudge"]["fit_seconds"] or 0) + parts["ngram/same"]["fit_seconds"]}
         save()
 
